@@ -1,0 +1,5 @@
+import sys
+
+from gpcore.cli import main
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""Evaluation metrics (ALGORITHMS.md 7): small pure functions of ``(mean, var_y, y)``.
+
+All take 1-D arrays of equal length, in the units the caller reports in (e.g. log10 Mbps);
+``var_y`` is the predictive variance of an observation (latent variance + noise).
+
+>>> import numpy as np
+>>> round(nll(np.zeros(1), np.ones(1), np.zeros(1)), 6)
+0.918939
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.special import ndtr, ndtri
+
+Z95 = 1.959963984540054
+CALIBRATION_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+def _arrays(*arrs):
+    out = [np.asarray(a, dtype=np.float64).reshape(-1) for a in arrs]
+    n = out[0].shape[0]
+    if any(a.shape[0] != n for a in out):
+        raise ValueError(f"metric inputs must have equal length, got {[a.shape[0] for a in out]}")
+    return out
+
+
+def mae(mean, y) -> float:
+    mean, y = _arrays(mean, y)
+    return float(np.mean(np.abs(y - mean)))
+
+
+def rmse(mean, y) -> float:
+    mean, y = _arrays(mean, y)
+    return float(np.sqrt(np.mean((y - mean) ** 2)))
+
+
+def nll(mean, var_y, y) -> float:
+    """Mean Gaussian negative log predictive density."""
+    mean, var_y, y = _arrays(mean, var_y, y)
+    return float(np.mean(0.5 * np.log(2 * np.pi * var_y) + (y - mean) ** 2 / (2 * var_y)))
+
+
+def crps(mean, var_y, y) -> float:
+    """Mean closed-form Gaussian CRPS: ``sd [z (2 Phi(z) - 1) + 2 phi(z) - 1/sqrt(pi)]``."""
+    mean, var_y, y = _arrays(mean, var_y, y)
+    sd = np.sqrt(var_y)
+    z = (y - mean) / sd
+    pdf = np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
+    return float(np.mean(sd * (z * (2 * ndtr(z) - 1) + 2 * pdf - 1 / math.sqrt(math.pi))))
+
+
+def z_value(level: float) -> float:
+    """Half-width multiplier of the central Gaussian interval at ``level`` (1.959964 at 0.95)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    return float(ndtri(0.5 + level / 2))
+
+
+def coverage(mean, var_y, y, level: float = 0.95) -> float:
+    """Fraction of ``y`` inside the central ``level`` interval ``mean ± z sd``."""
+    mean, var_y, y = _arrays(mean, var_y, y)
+    return float(np.mean(np.abs(y - mean) <= z_value(level) * np.sqrt(var_y)))
+
+
+def interval_width(var_y, level: float = 0.95) -> np.ndarray:
+    """Per-point width of the central ``level`` interval, ``2 z sd`` (3.919928 sd at 95 %)."""
+    (var_y,) = _arrays(var_y)
+    return 2 * z_value(level) * np.sqrt(var_y)
+
+
+def width_summary(var_y, level: float = 0.95) -> dict[str, float]:
+    """Mean, median and quartiles of the interval widths (the violin plots' distribution)."""
+    w = interval_width(var_y, level)
+    q = np.quantile(w, [0.05, 0.25, 0.5, 0.75, 0.95])
+    return {"mean": float(w.mean()), "p05": q[0], "p25": q[1], "median": q[2], "p75": q[3], "p95": q[4]}
+
+
+def calibration_curve(mean, var_y, y, levels=CALIBRATION_LEVELS) -> pd.DataFrame:
+    """Observed coverage against nominal level (a calibrated model lies on the diagonal)."""
+    return pd.DataFrame({"nominal": list(levels), "observed": [coverage(mean, var_y, y, lv) for lv in levels]})
+
+
+def evaluate(mean, var_y, y, level: float = 0.95) -> dict[str, float]:
+    """All scalar metrics for one set of predictions."""
+    w = interval_width(var_y, level)
+    return {
+        "n": int(np.asarray(y).size),
+        "mae": mae(mean, y),
+        "rmse": rmse(mean, y),
+        "nll": nll(mean, var_y, y),
+        "crps": crps(mean, var_y, y),
+        "coverage": coverage(mean, var_y, y, level),
+        "pi_width_mean": float(w.mean()),
+        "pi_width_median": float(np.median(w)),
+    }
+
+
+def evaluate_groups(mean, var_y, y, groups=None, level: float = 0.95, all_label: str = "all") -> pd.DataFrame:
+    """Metrics overall and per group (e.g. urban / rural) as a tidy DataFrame, one row per group."""
+    mean, var_y, y = _arrays(mean, var_y, y)
+    rows = [{"group": all_label, **evaluate(mean, var_y, y, level)}]
+    if groups is not None:
+        g = np.asarray(groups).astype(str).reshape(-1)
+        if g.shape[0] != y.shape[0]:
+            raise ValueError(f"groups has {g.shape[0]} labels but there are {y.shape[0]} targets")
+        for label in sorted(np.unique(g)):
+            sel = g == label
+            rows.append({"group": label, **evaluate(mean[sel], var_y[sel], y[sel], level)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,670 @@
+"""The one interface every gpcore model implements, plus the model registry.
+
+Usage (the estimator contract)::
+
+    from gpcore import make_model, load_model
+    model = make_model("dbk", basis="silu", rank=128, objective="dppgp", epochs=200)
+    model.fit(X, y, X_val, y_val)                 # X: n x d array-like, y: (n,)
+    pred = model.predict(X_new)                   # Prediction(mean, var_f, var_y), numpy, (m,)
+    lo, hi = pred.interval(0.95)
+    K = model.kernel(X1, X2)                      # prior kernel, n1 x n2
+    s = model.kernel_slice(X, x_ref)              # k(X, x_ref), (n,)
+    model.save("run/model"); model2 = load_model("run/model")
+
+Conventions
+-----------
+* Callers work in their own units. Inside, inputs are scaled per dimension to ``[-1, 1]`` from
+  the training bounds and targets are standardised; outputs (mean, variances, kernel values,
+  ``noise_variance``, ``prior_mean``) are converted back to the caller's units.
+* Subclasses implement a handful of hooks on scaled tensors (``_build``, ``_loss``,
+  ``_predict_f``, ``_kernel_s``, ``_noise_s``); the rest (validation, batching, scaling,
+  persistence, the training loop in :mod:`gpcore.train`) is shared.
+* ``__init__`` only stores validated settings; fitted state lives in attributes ending in ``_``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpcore.device import DTYPES, resolve_device, resolve_dtype
+from gpcore.errors import ConfigError, InputError
+
+FORMAT_VERSION = 1
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------
+
+
+def setting(default, *, help: str = "", choices=None, min=None, max=None, main: bool = False, min_inclusive=True):
+    """A config field with validation metadata (``choices`` or a ``[min, max]`` range)."""
+    meta = {"help": help, "choices": choices, "min": min, "max": max, "main": main, "min_inclusive": min_inclusive}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    """Settings shared by every model (training loop, device, precision, seed)."""
+
+    epochs: int = setting(200, help="maximum number of passes over the training data", min=1, main=True)
+    batch_size: int = setting(1024, help="mini-batch size (ignored by full-batch objectives)", min=1, main=True)
+    lr: float = setting(1e-3, help="Adam(W) learning rate", min=0.0, min_inclusive=False, main=True)
+    weight_decay: float = setting(0.0, help="AdamW weight decay on backbone weights only", min=0.0)
+    patience: int = setting(20, help="epochs without validation-NLL improvement before stopping", min=1)
+    max_seconds: float = setting(0.0, help="wall-clock budget for training in seconds (0 = none)", min=0.0)
+    device: str = setting("auto", help="'auto' picks CUDA when available, else CPU", choices=("auto", "cpu", "cuda"))
+    dtype: str = setting("float32", help="precision of networks and n-sized tensors", choices=tuple(DTYPES))
+    seed: int = setting(0, help="random seed (initialisation and batch order)", min=0)
+    predict_batch_size: int = setting(16384, help="points per prediction batch (bounds memory)", min=1)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, settings: dict[str, Any]) -> BaseConfig:
+        """Build and validate a config; unknown keys raise :class:`ConfigError` naming the allowed ones."""
+        allowed = cls.field_names()
+        unknown = [k for k in settings if k not in allowed]
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(map(repr, unknown))} for {cls.__name__}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+        coerced = {}
+        for f in fields(cls):
+            if f.name in settings:
+                coerced[f.name] = _coerce(f, settings[f.name], cls.__name__)
+        cfg = cls(**coerced)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            meta = f.metadata
+            if meta.get("choices") is not None and v not in meta["choices"]:
+                raise ConfigError(
+                    f"setting {f.name}={v!r} is not allowed; allowed values: {', '.join(map(repr, meta['choices']))}"
+                )
+            lo, hi = meta.get("min"), meta.get("max")
+            if lo is not None and (v < lo or (v == lo and not meta.get("min_inclusive", True))):
+                op = ">=" if meta.get("min_inclusive", True) else ">"
+                raise ConfigError(f"setting {f.name}={v!r} is out of range; it must be {op} {lo}")
+            if hi is not None and v > hi:
+                raise ConfigError(f"setting {f.name}={v!r} is out of range; it must be <= {hi}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> BaseConfig:
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
+def _coerce(f: dataclasses.Field, value, cls_name: str):
+    """Coerce strings from the CLI / UI to the field's type, with a clear error."""
+    default = f.default
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+        if isinstance(default, str):
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"setting {f.name}={value!r} of {cls_name} must be of type {type(default).__name__}"
+        ) from None
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Prediction result
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prediction:
+    """Gaussian predictive marginals, in the caller's target units.
+
+    Attributes
+    ----------
+    mean : (m,) posterior mean of f (and of y).
+    var_f : (m,) latent-function variance.
+    var_y : (m,) predictive variance of a new observation, ``var_f + noise``.
+    """
+
+    mean: np.ndarray
+    var_f: np.ndarray
+    var_y: np.ndarray
+
+    @property
+    def sd(self) -> np.ndarray:
+        """Predictive standard deviation of y."""
+        return np.sqrt(self.var_y)
+
+    def interval(self, level: float = 0.95, latent: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Central ``level`` prediction interval ``mean ± z sd`` (of y, or of f with ``latent=True``)."""
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level must be in (0, 1), got {level}")
+        z = NormalDist().inv_cdf(0.5 + level / 2.0)
+        sd = np.sqrt(self.var_f if latent else self.var_y)
+        return self.mean - z * sd, self.mean + z * sd
+
+    def width(self, level: float = 0.95) -> np.ndarray:
+        lo, hi = self.interval(level)
+        return hi - lo
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    cls: type
+    preset: dict
+    description: str
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(name: str, description: str = "", **preset):
+    """Class decorator registering a model under ``name`` (more names via :func:`register_alias`)."""
+
+    def deco(cls):
+        cls.name = name
+        _REGISTRY[name] = ModelSpec(name, cls, dict(preset), description or (cls.__doc__ or "").strip().split("\n")[0])
+        return cls
+
+    return deco
+
+
+def register_alias(name: str, base: str, description: str, **preset) -> None:
+    """Register ``name`` as ``base`` with some settings preset (e.g. ``dbk-rbf`` = ``dbk`` with basis=rbf)."""
+    spec = _REGISTRY[base]
+    _REGISTRY[name] = ModelSpec(name, spec.cls, {**spec.preset, **preset}, description)
+
+
+def _ensure_models_loaded() -> None:
+    import gpcore.models  # noqa: F401  (registers every model family)
+
+
+def available_models() -> list[str]:
+    """Names accepted by :func:`make_model` (families and presets such as ``dbk-rbf``)."""
+    _ensure_models_loaded()
+    return sorted(_REGISTRY)
+
+
+def model_spec(name: str) -> ModelSpec:
+    _ensure_models_loaded()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}; available: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def make_model(name: str, **settings) -> GPModel:
+    """Create an unfitted model by registry name; settings override the preset of that name."""
+    spec = model_spec(name)
+    model = spec.cls(**{**spec.preset, **settings})
+    model.registry_name = name
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Input checking
+# --------------------------------------------------------------------------------------------
+
+
+def as_2d_float(X, what: str = "X", d: int | None = None) -> np.ndarray:
+    """Validate a point array: numeric, finite, 2-D (a 1-D array is one column)."""
+    try:
+        arr = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be numeric; it holds values that are not numbers") from None
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise InputError(f"{what} must be a 2-D array of shape (n, d); got shape {arr.shape}")
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise InputError(
+            f"{what} has {rows.size} row(s) with NaN or inf (rows {', '.join(map(str, rows[:8]))}"
+            f"{', ...' if rows.size > 8 else ''}); drop or impute them first"
+        )
+    if d is not None and arr.shape[1] != d:
+        raise InputError(f"{what} has {arr.shape[1]} column(s) but the model was fitted with d = {d}")
+    return arr
+
+
+def as_1d_float(y, n: int, what: str = "y") -> np.ndarray:
+    try:
+        arr = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be numeric; it holds values that are not numbers") from None
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise InputError(f"{what} must be 1-D of shape (n,); got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise InputError(f"{what} has {arr.shape[0]} values but X has {n} rows; they must match")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise InputError(
+            f"{what} has {rows.size} NaN or inf value(s) (rows {', '.join(map(str, rows[:8]))}"
+            f"{', ...' if rows.size > 8 else ''}); drop or impute them first"
+        )
+    return arr
+
+
+# --------------------------------------------------------------------------------------------
+# The base model
+# --------------------------------------------------------------------------------------------
+
+
+class GPModel:
+    """Base class: shared fit / predict / kernel / save logic over subclass hooks.
+
+    Subclass hooks (all on scaled inputs ``x in [-1, 1]^d`` and standardised targets):
+
+    * ``_build(d, Xs, ys)`` -> ``nn.Module`` holding every parameter and prediction cache.
+    * ``_loss(xb, yb, n)`` -> scalar per-point training loss for a batch (``n`` = training size).
+    * ``_predict_f(xb)`` -> ``(mean, var_f)`` tensors of the latent function.
+    * ``_kernel_s(x1, x2)`` -> prior kernel matrix; ``_noise_s()`` -> noise variance tensor.
+    * optional: ``_finalize(Xs, ys)`` (posterior caches from the full training set),
+      ``_step`` (custom backward, e.g. two-pass), ``_param_groups``, ``_prior_mean_s``,
+      ``_kernel_diag_s``, ``_feature_slicer``.
+    """
+
+    name: ClassVar[str] = "base"
+    Config: ClassVar[type[BaseConfig]] = BaseConfig
+    #: True when predictions need caches computed from the full training data (``_finalize``).
+    needs_finalize: ClassVar[bool] = False
+
+    def __init__(self, **settings):
+        self.config = self.Config.from_dict(settings)
+        self.registry_name = self.name
+        self.module_: nn.Module | None = None
+        self.history_: list[dict] = []
+        self.train_info_: dict = {}
+        self.fitted_ = False
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def device(self) -> torch.device:
+        return resolve_device(self.config.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return resolve_dtype(self.config.dtype)
+
+    @property
+    def full_batch(self) -> bool:
+        """Whether every optimisation step uses the whole training set."""
+        return False
+
+    def __repr__(self) -> str:
+        changed = {
+            f.name: getattr(self.config, f.name)
+            for f in fields(self.config)
+            if getattr(self.config, f.name) != f.default
+        }
+        args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+        return f"{type(self).__name__}({args})"
+
+    # ---------------------------------------------------------------- scaling
+    def _set_scalers(self, X: np.ndarray, y: np.ndarray) -> None:
+        lo, hi = X.min(axis=0), X.max(axis=0)
+        span = np.where(hi - lo > 0, hi - lo, 1.0)
+        self.x_lo_, self.x_span_ = lo, span
+        self.y_mean_ = float(y.mean())
+        sd = float(y.std())
+        self.y_std_ = sd if sd > 0 else 1.0
+
+    def _to_tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=self.dtype, device=self.device)
+
+    def scale_x(self, X: np.ndarray) -> torch.Tensor:
+        """Map caller inputs to the model's ``[-1, 1]`` box (``n x d`` tensor)."""
+        return self._to_tensor(2.0 * (X - self.x_lo_) / self.x_span_ - 1.0)
+
+    def scale_y(self, y: np.ndarray) -> torch.Tensor:
+        return self._to_tensor((y - self.y_mean_) / self.y_std_)
+
+    # ---------------------------------------------------------------- fitting
+    def fit(self, X, y, X_val=None, y_val=None, callback: Callable | None = None) -> GPModel:
+        """Train on ``X`` (``n x d``), ``y`` (``n``); early stopping on ``(X_val, y_val)`` if given.
+
+        ``callback(progress)`` is called after every epoch with a :class:`gpcore.train.Progress`;
+        returning ``False`` cancels training, keeping the best state so far.
+        """
+        from gpcore.train import train
+
+        X = as_2d_float(X, "X")
+        y = as_1d_float(y, X.shape[0], "y")
+        if X.shape[0] < 2:
+            raise InputError(f"need at least 2 training points, got {X.shape[0]}")
+        has_val = X_val is not None or y_val is not None
+        if has_val:
+            if X_val is None or y_val is None:
+                raise InputError("pass both X_val and y_val, or neither")
+            X_val = as_2d_float(X_val, "X_val", d=X.shape[1])
+            y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
+            if X_val.shape[0] == 0:
+                has_val = False
+        torch.manual_seed(self.config.seed)
+        np.random.seed(self.config.seed)
+        self.d_ = X.shape[1]
+        self.n_train_ = X.shape[0]
+        self._set_scalers(X, y)
+        Xs, ys = self.scale_x(X), self.scale_y(y)
+        Xv = self.scale_x(X_val) if has_val else None
+        yv = self.scale_y(y_val) if has_val else None
+        self.module_ = self._build(self.d_, Xs, ys).to(device=self.device, dtype=self.dtype)
+        t0 = time.perf_counter()
+        self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback)
+        self.finalize(Xs, ys)
+        self.train_info_["fit_seconds"] = time.perf_counter() - t0
+        self.fitted_ = True
+        return self
+
+    @torch.no_grad()
+    def finalize(self, Xs: torch.Tensor, ys: torch.Tensor) -> None:
+        """Recompute prediction caches from the (scaled) training data, if the model needs them."""
+        if self.needs_finalize:
+            self.module_.eval()
+            self._finalize(Xs, ys)
+
+    # ---------------------------------------------------------------- prediction
+    def _check_fitted(self) -> None:
+        if self.module_ is None:
+            raise InputError(f"{type(self).__name__} is not fitted yet; call fit(X, y) first")
+
+    @torch.no_grad()
+    def predict_scaled(self, Xs: torch.Tensor, batch_size: int | None = None):
+        """``(mean, var_f)`` in standardised units for scaled inputs, computed in batches."""
+        self.module_.eval()
+        bs = batch_size or self.config.predict_batch_size
+        means, vars_ = [], []
+        for i in range(0, Xs.shape[0], bs):
+            m, v = self._predict_f(Xs[i : i + bs])
+            means.append(m)
+            vars_.append(v.clamp_min(0.0))
+        if not means:
+            empty = Xs.new_zeros(0)
+            return empty, empty
+        return torch.cat(means), torch.cat(vars_)
+
+    @torch.no_grad()
+    def predict(self, X, batch_size: int | None = None) -> Prediction:
+        """Predictive marginals at ``X`` (``m x d``), in the caller's units, batch by batch.
+
+        Memory beyond the ``(m,)`` outputs is bounded by one batch.
+        """
+        self._check_fitted()
+        X = as_2d_float(X, "X", d=self.d_)
+        self.module_.eval()
+        m = X.shape[0]
+        mean = np.empty(m)
+        var_f = np.empty(m)
+        bs = batch_size or self.config.predict_batch_size
+        for i in range(0, m, bs):
+            mu, v = self._predict_f(self.scale_x(X[i : i + bs]))
+            mean[i : i + bs] = mu.double().cpu().numpy()
+            var_f[i : i + bs] = v.clamp_min(0.0).double().cpu().numpy()
+        s2 = self.y_std_**2
+        mean = mean * self.y_std_ + self.y_mean_
+        var_f = var_f * s2
+        return Prediction(mean=mean, var_f=var_f, var_y=var_f + self.noise_variance)
+
+    # ---------------------------------------------------------------- kernel
+    @torch.no_grad()
+    def kernel(self, X1, X2=None) -> np.ndarray:
+        """Prior kernel matrix ``k(X1, X2)`` (``n1 x n2``) in the caller's target units squared."""
+        self._check_fitted()
+        X1 = as_2d_float(X1, "X1", d=self.d_)
+        X2 = X1 if X2 is None else as_2d_float(X2, "X2", d=self.d_)
+        self.module_.eval()
+        K = self._kernel_s(self.scale_x(X1), self.scale_x(X2))
+        return K.double().cpu().numpy() * self.y_std_**2
+
+    @torch.no_grad()
+    def kernel_slice(self, X, x_ref, batch_size: int | None = None) -> np.ndarray:
+        """``k(X, x_ref)`` of shape ``(n,)`` computed batch by batch, never forming ``n x n``."""
+        return self.kernel_slicer(X, batch_size)(x_ref)
+
+    @torch.no_grad()
+    def kernel_diag(self, X, batch_size: int | None = None) -> np.ndarray:
+        """Prior variance ``k(x, x)`` at each row of ``X`` (``(n,)``)."""
+        self._check_fitted()
+        X = as_2d_float(X, "X", d=self.d_)
+        self.module_.eval()
+        bs = batch_size or 4096
+        out = np.empty(X.shape[0])
+        for i in range(0, X.shape[0], bs):
+            out[i : i + bs] = self._kernel_diag_s(self.scale_x(X[i : i + bs])).double().cpu().numpy()
+        return out * self.y_std_**2
+
+    @torch.no_grad()
+    def kernel_slicer(self, X, batch_size: int | None = None) -> Callable[[Any], np.ndarray]:
+        """Precompute what depends on ``X`` only; return ``f(x_ref) -> k(X, x_ref)``.
+
+        The dashboard calls this once per (run, grid) and then only ``f`` per click. Feature
+        models (DBK) cache ``phi(X)`` so a slice is one matrix-vector product.
+        """
+        self._check_fitted()
+        X = as_2d_float(X, "X", d=self.d_)
+        self.module_.eval()
+        Xs = self.scale_x(X)
+        inner = self._feature_slicer(Xs, batch_size or 8192)
+        scale = self.y_std_**2
+
+        def slicer(x_ref) -> np.ndarray:
+            xr = as_2d_float(np.asarray(x_ref, dtype=np.float64).reshape(1, -1), "x_ref", d=self.d_)
+            with torch.no_grad():
+                self.module_.eval()
+                return inner(self.scale_x(xr)).double().cpu().numpy() * scale
+
+        return slicer
+
+    def _feature_slicer(self, Xs: torch.Tensor, batch_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def inner(xr: torch.Tensor) -> torch.Tensor:
+            return torch.cat(
+                [self._kernel_s(Xs[i : i + batch_size], xr)[:, 0] for i in range(0, Xs.shape[0], batch_size)]
+            )
+
+        return inner
+
+    def _kernel_diag_s(self, xb: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self._kernel_s(x[None], x[None])[0, 0] for x in xb])
+
+    @property
+    def noise_variance(self) -> float:
+        """Learned Gaussian noise variance sigma^2, in the caller's target units squared."""
+        self._check_fitted()
+        with torch.no_grad():
+            return float(self._noise_s()) * self.y_std_**2
+
+    @property
+    def prior_mean(self) -> float:
+        """Constant prior mean in the caller's target units."""
+        self._check_fitted()
+        with torch.no_grad():
+            return self.y_mean_ + self.y_std_ * float(self._prior_mean_s())
+
+    def _prior_mean_s(self) -> torch.Tensor:
+        return torch.zeros(())
+
+    # ---------------------------------------------------------------- training hooks
+    def _step(self, xb: torch.Tensor, yb: torch.Tensor, n: int) -> torch.Tensor:
+        """One backward pass; returns the detached loss. Override for custom (two-pass) gradients."""
+        loss = self._loss(xb, yb, n)
+        loss.backward()
+        return loss.detach()
+
+    def _param_groups(self, weight_decay: float) -> list[dict]:
+        """Optimizer parameter groups; by default decay only parameters under ``module_.backbone``."""
+        decay, rest = [], []
+        for name, p in self.module_.named_parameters():
+            if not p.requires_grad:
+                continue
+            (decay if name.startswith("backbone.") else rest).append(p)
+        groups = [{"params": rest, "weight_decay": 0.0}]
+        if decay:
+            groups.append({"params": decay, "weight_decay": weight_decay})
+        return groups
+
+    def _on_epoch_start(self, epoch: int) -> None:
+        """Hook called by the trainer before each epoch (e.g. learning-rate schedules)."""
+
+    # ---------------------------------------------------------------- hooks to implement
+    def _build(self, d: int, Xs: torch.Tensor, ys: torch.Tensor) -> nn.Module:
+        raise NotImplementedError
+
+    def _loss(self, xb: torch.Tensor, yb: torch.Tensor, n: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _finalize(self, Xs: torch.Tensor, ys: torch.Tensor) -> None:
+        pass
+
+    def _predict_f(self, xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _kernel_s(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _noise_s(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- persistence
+    def _extra_state(self) -> dict:
+        """JSON-serialisable state a subclass needs to rebuild its module (shapes etc.)."""
+        return {}
+
+    def _set_extra_state(self, state: dict) -> None:
+        pass
+
+    def save(self, path) -> Path:
+        """Save to a directory: ``model.json`` (config, scalers) + ``model.safetensors`` (tensors)."""
+        from safetensors.torch import save_file
+
+        self._check_fitted()
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "format": "gpcore-model",
+            "format_version": FORMAT_VERSION,
+            "model": self.name,
+            "registry_name": self.registry_name,
+            "config": self.config.to_dict(),
+            "d": self.d_,
+            "n_train": self.n_train_,
+            "x_lo": [float(v) for v in self.x_lo_],
+            "x_span": [float(v) for v in self.x_span_],
+            "y_mean": self.y_mean_,
+            "y_std": self.y_std_,
+            "extra": self._extra_state(),
+            "train_info": _jsonable(self.train_info_),
+            "history": _jsonable(self.history_),
+        }
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in self.module_.state_dict().items()}
+        save_file(tensors, str(path / "model.safetensors"))
+        (path / "model.json").write_text(json.dumps(meta, indent=2))
+        return path
+
+
+def load_model(path, device: str | None = None) -> GPModel:
+    """Load a model saved by :meth:`GPModel.save`. Reads JSON and safetensors only (no pickle)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    meta_path = path / "model.json"
+    if not meta_path.exists():
+        raise InputError(f"'{path}' is not a saved gpcore model (no model.json); pass the directory save() wrote")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != "gpcore-model":
+        raise InputError(f"'{meta_path}' is not a gpcore model file")
+    spec = model_spec(meta["model"])
+    cfg = dict(meta["config"])
+    if device is not None:
+        cfg["device"] = device
+    model = spec.cls(**cfg)
+    model.registry_name = meta.get("registry_name", meta["model"])
+    model.d_ = int(meta["d"])
+    model.n_train_ = int(meta["n_train"])
+    model.x_lo_ = np.asarray(meta["x_lo"], dtype=np.float64)
+    model.x_span_ = np.asarray(meta["x_span"], dtype=np.float64)
+    model.y_mean_ = float(meta["y_mean"])
+    model.y_std_ = float(meta["y_std"])
+    model._set_extra_state(meta.get("extra", {}))
+    model.train_info_ = meta.get("train_info", {})
+    model.history_ = meta.get("history", [])
+    state = load_file(str(path / "model.safetensors"))
+    module = model._build(model.d_, None, None).to(device=model.device, dtype=model.dtype)
+    _load_state_resizing(module, {k: v.to(model.device) for k, v in state.items()})
+    model.module_ = module
+    model.module_.eval()
+    model.fitted_ = True
+    return model
+
+
+def _load_state_resizing(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """``load_state_dict`` that also accepts data-dependent buffer/parameter shapes."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise InputError(f"saved tensors do not match the model: missing {missing}, unexpected {unexpected}")
+    for key, value in state.items():
+        if own[key].shape != value.shape:
+            *parents, leaf = key.split(".")
+            owner = module
+            for p in parents:
+                owner = getattr(owner, p)
+            current = getattr(owner, leaf)
+            if isinstance(current, nn.Parameter):
+                setattr(owner, leaf, nn.Parameter(torch.empty_like(value), requires_grad=current.requires_grad))
+            else:
+                owner.register_buffer(leaf, torch.empty_like(value))
+    module.load_state_dict(state, strict=True)
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

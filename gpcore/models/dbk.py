@@ -1,0 +1,297 @@
+"""DBK — deep basis kernel GP (ALGORITHMS.md section 2).
+
+``k(x, x') = phi(x)^T phi(x')`` with ``phi = expansion(backbone(x))`` in ``R^r``:
+
+* ``basis="silu"`` (DBK-SiLU): ``phi(x) = s ⊙ SiLU(W g(x) + c)``, ``s_j = ±1/sqrt(r)`` at init.
+* ``basis="rbf"`` (DBK-RBF): ``phi(x) = L_Z^{-1} kt_Z(g(x))``, inducing points ``Z`` in latent space,
+  ARD RBF ``kt``, ``K_ZZ = L_Z L_Z^T`` (Cholesky-whitened).
+
+Objectives:
+
+* ``objective="mml"``: exact low-rank log marginal likelihood (eq. 11), full batch, O(n r^2);
+  above ``mml_chunk`` points the chunked two-pass scheme of 2.3 keeps memory O(b r + r^2).
+  Prediction by the weight posterior ``N(Lambda^{-1} Phi^T yc, sigma2 Lambda^{-1})`` (eq. 10).
+* ``objective="dppgp"``: mini-batch predictive NLL + ``alpha`` trace term + ``beta/n`` KL with
+  ``q(w) = N(m, L L^T)`` (2.6); prediction ``N(mu0 + m^T phi, ||L^T phi||^2 + sigma2)`` (2.7).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpcore.models.backbone import ResNetBackbone
+from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
+from gpcore.models.kernels import stationary
+from gpcore.models.linalg import LOG_2PI, gaussian_nll, inv_softplus, kl_std_normal, psd_safe_cholesky, tril_factor
+
+
+@dataclass(frozen=True)
+class DBKConfig(BaseConfig):
+    basis: str = setting("silu", help="expansion layer: 'silu' (DBK-SiLU) or 'rbf' (DBK-RBF)",
+                         choices=("silu", "rbf"), main=True)
+    objective: str = setting("dppgp", help="'dppgp' (mini-batch, recommended) or 'mml' (exact, full batch)",
+                             choices=("dppgp", "mml"), main=True)
+    rank: int = setting(128, help="number of basis functions r", min=1, max=8192, main=True)
+    hidden: int = setting(64, help="backbone width h", min=1, max=4096, main=True)
+    blocks: int = setting(2, help="residual blocks in the backbone", min=0, max=16)
+    alpha: float = setting(0.01, help="weight of the dPPGP trace regulariser", min=0.0, main=True)
+    beta: float = setting(0.01, help="weight of the dPPGP KL term (scaled by 1/n)", min=0.0, main=True)
+    detach_kb: bool = setting(False, help="stop the gradient through the in-batch max feature norm")
+    noise_init: float = setting(1e-2, help="initial noise variance (standardised units)", min=0.0,
+                                min_inclusive=False)
+    noise_floor: float = setting(1e-6, help="lower bound of the noise variance", min=0.0)
+    weight_decay: float = setting(1e-2, help="AdamW weight decay on the backbone only", min=0.0)
+    patience: int = setting(20, help="epochs without validation-NLL improvement before stopping", min=1)
+    mml_chunk: int = setting(65536, help="above this many points exact MML uses the two-pass chunked gradient",
+                             min=1)
+    jitter: float = setting(1e-6, help="relative jitter added to K_ZZ before its Cholesky (DBK-RBF)", min=0.0)
+
+
+class DBKModule(nn.Module):
+    def __init__(self, d: int, cfg: DBKConfig):
+        super().__init__()
+        r, h = cfg.rank, cfg.hidden
+        self.basis = cfg.basis
+        self.jitter = cfg.jitter
+        self.noise_floor = cfg.noise_floor
+        self.backbone = ResNetBackbone(d, h, cfg.blocks)
+        if cfg.basis == "silu":
+            self.expand = nn.Linear(h, r)
+            sign = torch.randint(0, 2, (r,)).float() * 2.0 - 1.0
+            self.scale = nn.Parameter(sign / math.sqrt(r))
+        else:
+            self.Z = nn.Parameter(torch.rand(r, h) * 2.0 - 1.0)
+            self.raw_ell = nn.Parameter(torch.full((h,), inv_softplus(math.sqrt(h))))
+            self.raw_outputscale = nn.Parameter(torch.tensor(inv_softplus(1.0)))
+        self.raw_noise = nn.Parameter(torch.tensor(inv_softplus(max(cfg.noise_init - cfg.noise_floor, 1e-8))))
+        self.mu0 = nn.Parameter(torch.zeros(()))
+        # q(w) = N(m, L L^T), L = tril(A, -1) + diag(exp(rho))
+        self.m = nn.Parameter(torch.zeros(r))
+        self.A = nn.Parameter(torch.randn(r, r) / r)
+        self.rho = nn.Parameter(torch.full((r,), -0.5 * math.log(r)))
+        # exact-posterior cache (objective="mml"): mean wbar and a factor U with U U^T = sigma2 Lambda^{-1}
+        self.register_buffer("post_m", torch.zeros(r))
+        self.register_buffer("post_U", torch.zeros(r, r))
+
+    @property
+    def noise(self) -> torch.Tensor:
+        return self.noise_floor + nn.functional.softplus(self.raw_noise)
+
+    @property
+    def outputscale(self) -> torch.Tensor:
+        return nn.functional.softplus(self.raw_outputscale)
+
+    def latent(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def chol_zz(self) -> torch.Tensor:
+        ell = nn.functional.softplus(self.raw_ell)
+        Kzz = stationary("rbf", self.Z, self.Z, ell, self.outputscale)
+        eye = torch.eye(Kzz.shape[0], dtype=Kzz.dtype, device=Kzz.device)
+        Kzz = Kzz + self.jitter * self.outputscale * eye
+        return psd_safe_cholesky(Kzz, upcast=True)
+
+    def features(self, x: torch.Tensor, Lz: torch.Tensor | None = None) -> torch.Tensor:
+        """``phi(x)``: ``b x d`` -> ``b x r``."""
+        a = self.backbone(x)
+        if self.basis == "silu":
+            return self.scale * nn.functional.silu(self.expand(a))
+        ell = nn.functional.softplus(self.raw_ell)
+        Lz = self.chol_zz() if Lz is None else Lz
+        Kza = stationary("rbf", self.Z, a, ell, self.outputscale)  # r x b
+        return torch.linalg.solve_triangular(Lz, Kza, upper=False).transpose(-1, -2)
+
+    def q_factor(self) -> torch.Tensor:
+        return tril_factor(self.A, self.rho)
+
+
+def mml_from_stats(A, c_raw, s1, yy, sy, n: int, mu0, s2):
+    """DBK log marginal likelihood (eq. 11) from sufficient statistics.
+
+    ``A = Phi^T Phi`` (r x r), ``c_raw = Phi^T y``, ``s1 = Phi^T 1``, ``yy = y^T y``, ``sy = 1^T y``.
+    """
+    r = A.shape[-1]
+    c = c_raw - mu0 * s1
+    yc2 = yy - 2.0 * mu0 * sy + n * mu0 * mu0
+    eye = torch.eye(r, dtype=A.dtype, device=A.device)
+    L = torch.linalg.cholesky(A + s2 * eye)
+    v = torch.linalg.solve_triangular(L, c.unsqueeze(-1), upper=False).squeeze(-1)
+    return (
+        -0.5 * n * LOG_2PI
+        - 0.5 * (n - r) * torch.log(s2)
+        - torch.log(L.diagonal()).sum()
+        - yc2 / (2.0 * s2)
+        + v.pow(2).sum() / (2.0 * s2)
+    )
+
+
+@register("dbk", description="Deep basis kernel GP (DBK-SiLU / DBK-RBF; dPPGP or exact MML)")
+class DBK(GPModel):
+    """Deep basis kernel GP (ALGORITHMS.md 2)."""
+
+    Config = DBKConfig
+
+    @property
+    def full_batch(self) -> bool:
+        return self.config.objective == "mml"
+
+    @property
+    def needs_finalize(self) -> bool:  # type: ignore[override]
+        return self.config.objective == "mml"
+
+    def _build(self, d, Xs, ys) -> DBKModule:
+        return DBKModule(d, self.config)
+
+    # ------------------------------------------------------------------ features
+    def _features_chunked(self, Xs: torch.Tensor, chunk: int):
+        mod = self.module_
+        Lz = mod.chol_zz() if mod.basis == "rbf" else None
+        for i in range(0, Xs.shape[0], chunk):
+            yield i, mod.features(Xs[i : i + chunk], Lz)
+
+    # ------------------------------------------------------------------ objectives
+    def log_marginal_likelihood(self, Xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        """Exact DBK ``log p(y)`` (eq. 11) on scaled data, single pass, differentiable."""
+        mod = self.module_
+        Phi = mod.features(Xs).double()
+        yd = ys.double()
+        return mml_from_stats(
+            Phi.T @ Phi, Phi.T @ yd, Phi.sum(0), yd @ yd, yd.sum(), Xs.shape[0], mod.mu0.double(), mod.noise.double()
+        )
+
+    def dppgp_terms(self, xb: torch.Tensor, yb: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+        """The three dPPGP loss terms on a batch (2.6): ``data``, ``trace``, ``kl`` (unweighted)."""
+        mod = self.module_
+        phi = mod.features(xb)
+        L = mod.q_factor()
+        s2 = mod.noise
+        mu = mod.mu0 + phi @ mod.m
+        s2y = (phi @ L).pow(2).sum(-1) + s2
+        data = gaussian_nll(yb, mu, s2y).mean()
+        norms = phi.pow(2).sum(-1)
+        kb = norms.max()
+        if self.config.detach_kb:
+            kb = kb.detach()
+        trace = ((kb - norms) / (2.0 * s2)).mean()
+        kl = kl_std_normal(mod.m, L, mod.rho)
+        return {"data": data, "trace": trace, "kl": kl}
+
+    def _loss(self, xb, yb, n):
+        if self.config.objective == "mml":
+            return -self.log_marginal_likelihood(xb, yb) / xb.shape[0]
+        t = self.dppgp_terms(xb, yb, n)
+        return t["data"] + self.config.alpha * t["trace"] + (self.config.beta / n) * t["kl"]
+
+    def _step(self, xb, yb, n):
+        if self.config.objective == "mml" and xb.shape[0] > self.config.mml_chunk:
+            return self.two_pass_step(xb, yb, self.config.mml_chunk)
+        return super()._step(xb, yb, n)
+
+    def two_pass_step(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int) -> torch.Tensor:
+        """Exact MML gradient in two chunked passes (ALGORITHMS.md 2.3); memory O(chunk r + r^2).
+
+        Pass 1 accumulates ``A = Phi^T Phi``, ``Phi^T y``, ``Phi^T 1`` without a graph and
+        back-propagates ``-log p / n`` through the r x r statistics; pass 2 recomputes each
+        chunk's features with a graph and pushes the statistics' adjoints into the network.
+        """
+        mod = self.module_
+        n = Xs.shape[0]
+        r = self.config.rank
+        dev = Xs.device
+        with torch.no_grad():
+            A = torch.zeros(r, r, dtype=torch.float64, device=dev)
+            c = torch.zeros(r, dtype=torch.float64, device=dev)
+            s1 = torch.zeros(r, dtype=torch.float64, device=dev)
+            for i, phi in self._features_chunked(Xs, chunk):
+                phi = phi.double()
+                yc = ys[i : i + chunk].double()
+                A += phi.T @ phi
+                c += phi.T @ yc
+                s1 += phi.sum(0)
+            yd = ys.double()
+            yy, sy = yd @ yd, yd.sum()
+        A.requires_grad_(True)
+        c.requires_grad_(True)
+        s1.requires_grad_(True)
+        loss = -mml_from_stats(A, c, s1, yy, sy, n, mod.mu0.double(), mod.noise.double()) / n
+        loss.backward()
+        G = (A.grad + A.grad.T).to(Xs.dtype)
+        gc = c.grad.to(Xs.dtype)
+        gs = s1.grad.to(Xs.dtype)
+        for i in range(0, n, chunk):
+            # fresh graph per chunk (including K_ZZ's Cholesky for DBK-RBF) so memory stays bounded
+            phi = mod.features(Xs[i : i + chunk])
+            grad_phi = phi.detach() @ G + ys[i : i + chunk, None] * gc + gs
+            (phi * grad_phi).sum().backward()
+        return loss.detach()
+
+    # ------------------------------------------------------------------ posterior
+    def _finalize(self, Xs, ys):
+        """Exact weight posterior (eq. 10), chunked: cache ``wbar`` and ``U = sqrt(s2) L_Lambda^{-T}``."""
+        mod = self.module_
+        r = self.config.rank
+        A = torch.zeros(r, r, dtype=torch.float64, device=Xs.device)
+        c = torch.zeros(r, dtype=torch.float64, device=Xs.device)
+        mu0 = mod.mu0.double()
+        for i, phi in self._features_chunked(Xs, self.config.predict_batch_size):
+            phi = phi.double()
+            A += phi.T @ phi
+            c += phi.T @ (ys[i : i + phi.shape[0]].double() - mu0)
+        s2 = mod.noise.double()
+        Lam = A + s2 * torch.eye(r, dtype=torch.float64, device=Xs.device)
+        LL = torch.linalg.cholesky(Lam)
+        wbar = torch.cholesky_solve(c.unsqueeze(-1), LL).squeeze(-1)
+        eye = torch.eye(r, dtype=torch.float64, device=Xs.device)
+        Linv_T = torch.linalg.solve_triangular(LL, eye, upper=False).T
+        mod.post_m.copy_(wbar.to(mod.post_m.dtype))
+        mod.post_U.copy_((torch.sqrt(s2) * Linv_T).to(mod.post_U.dtype))
+
+    def posterior_q(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(m, F)`` with ``q(w) = N(m, F F^T)`` used for prediction."""
+        mod = self.module_
+        if self.config.objective == "mml":
+            return mod.post_m, mod.post_U
+        return mod.m, mod.q_factor()
+
+    def _predict_f(self, xb):
+        mod = self.module_
+        phi = mod.features(xb)
+        m, F = self.posterior_q()
+        return mod.mu0 + phi @ m, (phi @ F).pow(2).sum(-1)
+
+    def _kernel_s(self, x1, x2):
+        mod = self.module_
+        return mod.features(x1) @ mod.features(x2).T
+
+    def _kernel_diag_s(self, xb):
+        return self.module_.features(xb).pow(2).sum(-1)
+
+    def _feature_slicer(self, Xs, batch_size):
+        Phi = torch.cat([phi for _, phi in self._features_chunked(Xs, batch_size)])
+
+        def inner(xr):
+            return Phi @ self.module_.features(xr)[0]
+
+        return inner
+
+    def _noise_s(self):
+        return self.module_.noise
+
+    def _prior_mean_s(self):
+        return self.module_.mu0
+
+    @torch.no_grad()
+    def features(self, X) -> torch.Tensor:
+        """``phi(X)`` for caller inputs (``n x r`` tensor, standardised-target units)."""
+        from gpcore.models.base import as_2d_float
+
+        return self.module_.features(self.scale_x(as_2d_float(X, "X", d=self.d_)))
+
+
+register_alias("dbk-silu", "dbk", "DBK-SiLU with the dPPGP objective", basis="silu", objective="dppgp")
+register_alias("dbk-rbf", "dbk", "DBK-RBF with the dPPGP objective", basis="rbf", objective="dppgp")
+register_alias("dbk-mml", "dbk", "DBK-SiLU trained exactly by marginal likelihood", basis="silu", objective="mml")

@@ -1,0 +1,132 @@
+"""Exact GP by dense Cholesky (ALGORITHMS.md 1.2) — the oracle every other model is tested against.
+
+Kernel ``outputscale * rho(||(x - x') / ell||)`` with ``rho`` RBF or Matérn-1/2, 3/2, 5/2, ARD or
+shared lengthscale, constant mean, Gaussian noise; all learned by maximising the exact log
+marginal likelihood (full batch). Cost O(n^3) time and O(n^2) memory: n up to a few thousand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpcore.errors import InputError
+from gpcore.models.base import BaseConfig, GPModel, register, setting
+from gpcore.models.kernels import KERNEL_NAMES, stationary
+from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
+
+
+@dataclass(frozen=True)
+class ExactConfig(BaseConfig):
+    kernel: str = setting("rbf", help="base kernel", choices=KERNEL_NAMES, main=True)
+    ard: bool = setting(True, help="one lengthscale per input dimension")
+    lengthscale_init: float = setting(0.5, help="initial lengthscale (inputs live in [-1, 1])", min=0.0,
+                                      min_inclusive=False)
+    outputscale_init: float = setting(1.0, help="initial outputscale", min=0.0, min_inclusive=False)
+    noise_init: float = setting(0.1, help="initial noise variance (standardised units)", min=0.0,
+                                min_inclusive=False)
+    noise_floor: float = setting(1e-6, help="lower bound of the noise variance", min=0.0)
+    learn_mean: bool = setting(True, help="learn a constant prior mean")
+    max_n: int = setting(10000, help="refuse larger training sets (O(n^2) memory)", min=2)
+    epochs: int = setting(150, help="full-batch optimisation steps", min=1, main=True)
+    lr: float = setting(0.05, help="Adam learning rate", min=0.0, min_inclusive=False, main=True)
+
+
+class ExactModule(nn.Module):
+    def __init__(self, d: int, cfg: ExactConfig, n: int):
+        super().__init__()
+        self.kernel_name = cfg.kernel
+        self.noise_floor = cfg.noise_floor
+        self.raw_ell = nn.Parameter(torch.full((d if cfg.ard else 1,), inv_softplus(cfg.lengthscale_init)))
+        self.raw_outputscale = nn.Parameter(torch.tensor(inv_softplus(cfg.outputscale_init)))
+        self.raw_noise = nn.Parameter(torch.tensor(inv_softplus(max(cfg.noise_init - cfg.noise_floor, 1e-8))))
+        self.mu0 = nn.Parameter(torch.zeros(()), requires_grad=cfg.learn_mean)
+        self.register_buffer("X_train", torch.zeros(n, d))
+        self.register_buffer("alpha", torch.zeros(n))
+        self.register_buffer("L", torch.zeros(n, n))
+
+    @property
+    def lengthscale(self):
+        return nn.functional.softplus(self.raw_ell)
+
+    @property
+    def outputscale(self):
+        return nn.functional.softplus(self.raw_outputscale)
+
+    @property
+    def noise(self):
+        return self.noise_floor + nn.functional.softplus(self.raw_noise)
+
+    def K(self, x1, x2):
+        return stationary(self.kernel_name, x1, x2, self.lengthscale, self.outputscale)
+
+
+@register("exact", description="Exact GP (dense Cholesky): the reference for small n")
+class ExactGP(GPModel):
+    """Exact GP regression with a learned stationary kernel (the test oracle)."""
+
+    Config = ExactConfig
+    needs_finalize = True
+
+    @property
+    def full_batch(self) -> bool:
+        return True
+
+    def _build(self, d, Xs, ys):
+        n = 0 if Xs is None else Xs.shape[0]
+        if n > self.config.max_n:
+            raise InputError(
+                f"the exact GP needs O(n^2) memory and refuses n = {n} > max_n = {self.config.max_n}; "
+                "use a scalable model (dbk, svgp, ...) or raise max_n"
+            )
+        return ExactModule(d, self.config, n)
+
+    def log_marginal_likelihood(self, Xs, ys) -> torch.Tensor:
+        """``log N(y; mu0, K + sigma2 I)`` by Cholesky (float64 factorisation)."""
+        mod = self.module_
+        n = Xs.shape[0]
+        K = mod.K(Xs, Xs).double()
+        K = K + mod.noise.double() * torch.eye(n, dtype=torch.float64, device=Xs.device)
+        L = psd_safe_cholesky(K)
+        r = (ys.double() - mod.mu0.double()).unsqueeze(-1)
+        v = torch.linalg.solve_triangular(L, r, upper=False)
+        return -0.5 * n * LOG_2PI - torch.log(L.diagonal()).sum() - 0.5 * v.pow(2).sum()
+
+    def _loss(self, xb, yb, n):
+        return -self.log_marginal_likelihood(xb, yb) / xb.shape[0]
+
+    def _finalize(self, Xs, ys):
+        mod = self.module_
+        n = Xs.shape[0]
+        K = mod.K(Xs, Xs).double() + mod.noise.double() * torch.eye(n, dtype=torch.float64, device=Xs.device)
+        L = psd_safe_cholesky(K)
+        alpha = torch.cholesky_solve((ys.double() - mod.mu0.double()).unsqueeze(-1), L).squeeze(-1)
+        for name, value in (("X_train", Xs), ("alpha", alpha), ("L", L)):
+            mod.register_buffer(name, value.to(dtype=mod.raw_noise.dtype).clone())
+
+    def _predict_f(self, xb):
+        mod = self.module_
+        Ksx = mod.K(xb, mod.X_train)
+        mean = mod.mu0 + Ksx @ mod.alpha
+        v = torch.linalg.solve_triangular(mod.L, Ksx.T, upper=False)
+        var = mod.outputscale - v.pow(2).sum(0)
+        return mean, var
+
+    def _kernel_s(self, x1, x2):
+        return self.module_.K(x1, x2)
+
+    def _kernel_diag_s(self, xb):
+        return self.module_.outputscale.expand(xb.shape[0])
+
+    def _noise_s(self):
+        return self.module_.noise
+
+    def _prior_mean_s(self):
+        return self.module_.mu0
+
+    @property
+    def lengthscale(self):
+        """Learned lengthscale(s) in the model's scaled input units ([-1, 1] box)."""
+        return self.module_.lengthscale.detach().cpu().numpy()
