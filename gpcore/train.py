@@ -87,6 +87,7 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
     step = 0
     cancelled = False
     stopped_early = False
+    diverged = False
     t0 = time.perf_counter()
     for epoch in range(1, cfg.epochs + 1):
         module.train()
@@ -110,6 +111,7 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
                     f"training loss became {epoch_loss} in epoch {epoch} before any valid checkpoint; "
                     "lower the learning rate (lr) or use dtype='float64'"
                 )
+            diverged = True
             break
         if has_val:
             val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv)
@@ -144,7 +146,7 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
             break
         if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
             break
-    if best_state is not None and (has_val or not math.isfinite(history[-1]["loss"] if history else math.nan)):
+    if best_state is not None and (has_val or diverged):
         module.load_state_dict(best_state)
     info = {
         "epochs_run": len(history),
@@ -152,6 +154,7 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
         "best_val_nll": best_metric if has_val else None,
         "cancelled": cancelled,
         "stopped_early": stopped_early,
+        "diverged": diverged,
         "train_seconds": time.perf_counter() - t0,
         "steps": step,
     }

@@ -26,7 +26,14 @@ from torch import nn
 from gpcore.models.backbone import ResNetBackbone
 from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
 from gpcore.models.kernels import stationary
-from gpcore.models.linalg import LOG_2PI, gaussian_nll, inv_softplus, kl_std_normal, psd_safe_cholesky, tril_factor
+from gpcore.models.linalg import (
+    LOG_2PI,
+    gaussian_nll,
+    inv_softplus,
+    kl_std_normal,
+    psd_safe_cholesky,
+    tril_factor,
+)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ def scaled_sqdist(X1: torch.Tensor, X2: torch.Tensor, ell: torch.Tensor) -> torc
     return d2.clamp_min(0.0)
 
 
-def stationary(name: str, X1: torch.Tensor, X2: torch.Tensor, ell: torch.Tensor, outputscale: torch.Tensor) -> torch.Tensor:
+def stationary(
+    name: str, X1: torch.Tensor, X2: torch.Tensor, ell: torch.Tensor, outputscale: torch.Tensor
+) -> torch.Tensor:
     """Evaluate the named stationary kernel ``outputscale * rho(||(x1 - x2) / ell||)``."""
     d2 = scaled_sqdist(X1, X2, ell)
     if name == "rbf":

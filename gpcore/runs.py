@@ -1,0 +1,409 @@
+"""Runs: one validated :class:`RunConfig` -> data, split, fit, metrics, grid predictions, saved to disk.
+
+A *run* is what the dashboard trains and what ``python -m gpcore fit`` writes. Both call
+:func:`execute_run`; the dashboard never re-implements a step. A run directory holds::
+
+    run.json                 RunConfig, manifest (data hash, versions, seed, timings, device), metrics
+    model/                   the trained model (model.json + model.safetensors; no pickle)
+    metrics.csv              tidy metrics per stratum (all / metro / non-metro ...), transformed units
+    test_predictions.parquet test rows: lon, lat, y, mean, var_y, stratum (transformed units)
+    grid.parquet             prediction grid: cell_id, lon, lat, mean_t, sd_t, mean, lower, upper, width
+    grid_cells.geojson       the grid polygons (for maps and exports)
+    history.json             per-epoch loss and validation NLL
+
+Metrics are reported in the space the model is trained in (e.g. log10 Mbps, ALGORITHMS.md 7);
+map columns ``mean``, ``lower``, ``upper`` and ``width`` are back-transformed to the data's
+original units (for log targets ``mean`` is the predictive median, ``10 ** mean_t``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpcore import metrics as M
+from gpcore.device import describe_device
+from gpcore.errors import ConfigError
+
+RUN_FORMAT = "gpcore-run"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything needed to reproduce a run. The UI builds it, :func:`execute_run` consumes it,
+    ``run.json`` stores it.
+
+    ``data`` is a file path or ``sample:<key>`` for bundled data (``sample:puerto_rico``).
+    ``strata`` is ``None``, ``"county_metro"``, ``"column:<NAME>"`` or ``"polygons:<PATH>"``.
+    ``region`` (grid extent) is ``"auto"`` (state boundary of a bundled sample, else the data's
+    convex hull), ``"hull"``, ``"bbox"`` or ``"state:<CODE>"``.
+    """
+
+    data: str
+    y: str
+    model: str = "dbk"
+    settings: dict = field(default_factory=dict)
+    x: tuple[str, str] | None = None
+    transform: str = "identity"
+    quarter: str | None = None
+    weight: str | None = None
+    strata: str | None = None
+    split: str = "random"
+    block_km: float = 10.0
+    seed: int = 0
+    allow_drop: bool = True
+    grid_kind: str = "square"
+    grid_cell_km: float = 0.0
+    grid_zoom: int = 13
+    grid_target_cells: int = 20000
+    region: str = "auto"
+    label: str = ""
+
+    def __post_init__(self):
+        if self.split not in ("random", "block"):
+            raise ConfigError(f"split={self.split!r} is not allowed; allowed values: 'random', 'block'")
+        if self.grid_kind not in ("square", "quadkey", "none"):
+            raise ConfigError(f"grid_kind={self.grid_kind!r} is not allowed; allowed: 'square', 'quadkey', 'none'")
+        if self.strata is not None and not (
+            self.strata == "county_metro" or self.strata.startswith(("column:", "polygons:"))
+        ):
+            raise ConfigError(
+                f"strata={self.strata!r} is not allowed; use 'county_metro', 'column:<NAME>' or 'polygons:<PATH>'"
+            )
+        from gpcore.models.base import model_spec
+
+        model_spec(self.model)  # raises ConfigError for unknown models
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        allowed = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - allowed
+        if unknown:
+            raise ConfigError(f"unknown run setting(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+        d = dict(d)
+        if d.get("x") is not None:
+            d["x"] = tuple(d["x"])
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["x"] = list(self.x) if self.x else None
+        return d
+
+    def model_settings(self) -> dict:
+        return {"seed": self.seed, **self.settings}
+
+
+# ---------------------------------------------------------------------------------------------
+# data preparation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedData:
+    """Arrays a run trains on, plus what the report and maps need."""
+
+    frame: Any  # GeoDataFrame with lon, lat, target, stratum
+    X: np.ndarray  # n x 2 (lon, lat)
+    y: np.ndarray  # (n,) transformed target
+    strata: np.ndarray | None
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    test_idx: np.ndarray
+    transform: Any
+    data_hash: str
+    source_label: str
+    state: str | None
+    report_text: str
+
+
+def _sample_key(data: str) -> str | None:
+    return data.split(":", 1)[1] if data.startswith("sample:") else None
+
+
+def load_frame(cfg: RunConfig):
+    """Read and validate the run's data (DataError on any problem). Returns ``(gdf, source, state)``."""
+    from gpcore import data as D
+
+    key = _sample_key(cfg.data)
+    lon, lat = cfg.x or (None, None)
+    if key is not None:
+        source = str(D.sample_path(key))
+        state = _sample_state(D, key)
+        quarter = cfg.quarter or _sample_info(D, key, "default_quarter")
+    else:
+        source, state, quarter = cfg.data, None, cfg.quarter
+    gdf = D.read_measurements(
+        source,
+        lon=lon,
+        lat=lat,
+        target=cfg.y,
+        transform=cfg.transform,
+        weight=cfg.weight,
+        quarter=quarter,
+        allow_drop=cfg.allow_drop,
+    )
+    return apply_strata(gdf, cfg.strata, state), source, state
+
+
+def apply_strata(gdf, strata: str | None, state: str | None = None):
+    """Add the ``stratum`` column named by a RunConfig ``strata`` string."""
+    from gpcore import data as D
+
+    if not strata:
+        return gdf
+    if strata == "county_metro":
+        return D.assign_strata(gdf, "county_metro", state=state)
+    if strata.startswith("column:"):
+        return D.assign_strata(gdf, "column", column=strata.split(":", 1)[1])
+    return D.assign_strata(gdf, "polygons", polygons=strata.split(":", 1)[1])
+
+
+def _sample_info(D, key, attr, default=None):
+    info = D.SAMPLES.get(key)
+    if isinstance(info, dict):
+        return info.get(attr, default)
+    return getattr(info, attr, default)
+
+
+def _sample_state(D, key):
+    return _sample_info(D, key, "state")
+
+
+def frame_hash(X: np.ndarray, y: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(X, dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(y, dtype=np.float64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
+    """Load (unless ``gdf`` is given), transform, split. Deterministic in ``cfg.seed``."""
+    from gpcore import data as D
+
+    if gdf is None:
+        gdf, source, state = load_frame(cfg)
+    else:
+        key = _sample_key(cfg.data)
+        source = cfg.data
+        state = _sample_state(D, key) if key else None
+    tr = D.get_transform(cfg.transform)
+    X = gdf[["lon", "lat"]].to_numpy(dtype=np.float64)
+    y = tr.forward(gdf[cfg.y].to_numpy(dtype=np.float64))
+    strata = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None
+    if cfg.split == "random":
+        tr_i, va_i, te_i = D.random_split(len(gdf), seed=cfg.seed)
+    else:
+        tr_i, va_i, te_i = D.block_split(X[:, 0], X[:, 1], block_km=cfg.block_km, seed=cfg.seed)
+    report = gdf.attrs.get("report")
+    return PreparedData(
+        frame=gdf,
+        X=X,
+        y=y,
+        strata=strata,
+        train_idx=np.asarray(tr_i),
+        val_idx=np.asarray(va_i),
+        test_idx=np.asarray(te_i),
+        transform=tr,
+        data_hash=frame_hash(X, y),
+        source_label=source,
+        state=state,
+        report_text=report.to_text() if hasattr(report, "to_text") else "",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------------------------
+
+
+def package_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("uncertainty-atlas", "torch", "numpy", "pandas", "geopandas", "shapely", "pyproj", "safetensors"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def metrics_table(mean, var_y, y, strata=None) -> pd.DataFrame:
+    """Tidy metrics overall and per stratum (transformed units)."""
+    return M.evaluate_groups(mean, var_y, y, strata)
+
+
+def build_grid(cfg: RunConfig, prep: PreparedData):
+    """The prediction grid for a run (None when ``grid_kind="none"``)."""
+    from gpcore import data as D
+
+    if cfg.grid_kind == "none":
+        return None
+    if cfg.region == "auto":
+        region = prep.state if prep.state else D.region_from_data(prep.frame, how="hull")
+    elif cfg.region in ("hull", "bbox"):
+        region = D.region_from_data(prep.frame, how=cfg.region)
+    elif cfg.region.startswith("state:"):
+        region = cfg.region.split(":", 1)[1]
+    else:
+        raise ConfigError(f"region={cfg.region!r} is not allowed; use auto, hull, bbox or state:<CODE>")
+    if cfg.grid_kind == "quadkey":
+        return D.make_grid(region, kind="quadkey", zoom=cfg.grid_zoom)
+    cell_km = cfg.grid_cell_km or auto_cell_km(region, cfg.grid_target_cells)
+    return D.make_grid(region, kind="square", cell_km=cell_km)
+
+
+def auto_cell_km(region, target_cells: int) -> float:
+    """Cell size (km, rounded to a 'nice' value) giving about ``target_cells`` cells over the region."""
+    from gpcore import data as D
+
+    geom = D.region_geometry(region) if hasattr(D, "region_geometry") else region
+    import geopandas as gpd
+
+    gs = gpd.GeoSeries([geom], crs="EPSG:4326")
+    area_km2 = float(gs.to_crs(gs.estimate_utm_crs()).area.iloc[0]) / 1e6
+    raw = float(np.sqrt(max(area_km2, 1e-6) / max(target_cells, 1)))
+    nice = np.array([0.25, 0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 100])
+    return float(nice[np.argmin(np.abs(np.log(nice / raw)))])
+
+
+def grid_predictions(model, grid, transform, level: float = 0.95) -> pd.DataFrame:
+    """Predict on grid centres; transformed-space mean/sd plus back-transformed map columns."""
+    Xg = grid[["lon", "lat"]].to_numpy(dtype=np.float64)
+    pred = model.predict(Xg)
+    lo_t, hi_t = pred.interval(level)
+    out = pd.DataFrame(
+        {
+            "cell_id": grid["cell_id"].to_numpy(),
+            "lon": Xg[:, 0],
+            "lat": Xg[:, 1],
+            "mean_t": pred.mean,
+            "sd_t": pred.sd,
+            "width_t": hi_t - lo_t,
+            "mean": transform.inverse(pred.mean),
+            "lower": transform.inverse(lo_t),
+            "upper": transform.inverse(hi_t),
+        }
+    )
+    out["width"] = out["upper"] - out["lower"]
+    out["sd"] = out["sd_t"] if transform.name == "identity" else (out["upper"] - out["lower"]) / (2 * M.Z95)
+    return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60] or "run"
+
+
+def new_run_id(cfg: RunConfig) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")[:-3]
+    return f"{stamp}-{_slug(cfg.model)}"
+
+
+def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData | None = None, log=None) -> Path:
+    """Run everything for ``cfg`` and write the run directory ``out_dir``. Returns its path.
+
+    ``callback(progress)`` is forwarded to ``model.fit`` (return ``False`` to cancel; the best
+    model so far is kept and the run is still written, marked cancelled).
+    """
+    from gpcore.models.base import make_model
+
+    log = log or (lambda msg: None)
+    out = Path(out_dir)
+    t_all = time.perf_counter()
+    prep = prepared or prepare(cfg)
+    log(f"data: {len(prep.y)} rows, train/val/test = {len(prep.train_idx)}/{len(prep.val_idx)}/{len(prep.test_idx)}")
+    model = make_model(cfg.model, **cfg.model_settings())
+    t0 = time.perf_counter()
+    model.fit(
+        prep.X[prep.train_idx],
+        prep.y[prep.train_idx],
+        prep.X[prep.val_idx],
+        prep.y[prep.val_idx],
+        callback=callback,
+    )
+    fit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pred = model.predict(prep.X[prep.test_idx])
+    predict_s = time.perf_counter() - t0
+    y_te = prep.y[prep.test_idx]
+    st_te = prep.strata[prep.test_idx] if prep.strata is not None else None
+    table = metrics_table(pred.mean, pred.var_y, y_te, st_te)
+    table["fit_seconds"] = fit_s
+    table["predict_seconds"] = predict_s
+    grid = build_grid(cfg, prep)
+    grid_s = 0.0
+    out.mkdir(parents=True, exist_ok=True)
+    if grid is not None:
+        t0 = time.perf_counter()
+        gp = grid_predictions(model, grid, prep.transform)
+        grid_s = time.perf_counter() - t0
+        gp.to_parquet(out / "grid.parquet", index=False)
+        grid[["cell_id", "geometry"]].to_file(out / "grid_cells.geojson", driver="GeoJSON")
+    model.save(out / "model")
+    test_df = pd.DataFrame(
+        {
+            "lon": prep.X[prep.test_idx, 0],
+            "lat": prep.X[prep.test_idx, 1],
+            "y": y_te,
+            "mean": pred.mean,
+            "var_y": pred.var_y,
+            "var_f": pred.var_f,
+            "stratum": st_te if st_te is not None else "all",
+        }
+    )
+    test_df.to_parquet(out / "test_predictions.parquet", index=False)
+    table.to_csv(out / "metrics.csv", index=False)
+    (out / "history.json").write_text(json.dumps(model.history_, indent=1))
+    manifest = {
+        "format": RUN_FORMAT,
+        "run_id": out.name,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "label": cfg.label or f"{cfg.model} on {Path(prep.source_label).name}",
+        "config": cfg.to_dict(),
+        "model_config": model.config.to_dict(),
+        "data": {
+            "source": prep.source_label,
+            "hash": prep.data_hash,
+            "rows": int(len(prep.y)),
+            "n_train": int(len(prep.train_idx)),
+            "n_val": int(len(prep.val_idx)),
+            "n_test": int(len(prep.test_idx)),
+            "state": prep.state,
+            "target": cfg.y,
+            "transform": cfg.transform,
+            "report": prep.report_text,
+        },
+        "timings": {
+            "fit_seconds": fit_s,
+            "predict_test_seconds": predict_s,
+            "predict_grid_seconds": grid_s,
+            "total_seconds": time.perf_counter() - t_all,
+        },
+        "train_info": model.train_info_,
+        "noise_variance": model.noise_variance,
+        "device": describe_device(model.config.device),
+        "versions": package_versions(),
+        "metrics": table.replace({np.nan: None}).to_dict(orient="records"),
+        "grid_cells": 0 if grid is None else int(len(grid)),
+    }
+    (out / "run.json").write_text(json.dumps(_clean(manifest), indent=2))
+    log(f"wrote {out}")
+    return out
+
+
+def _clean(obj):
+    from gpcore.models.base import _jsonable
+
+    return _jsonable(obj)

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (venv, CPU torch when no GPU, the project) and start the dashboard on the bundled
+# sample data at http://127.0.0.1:8501 . Extra arguments go to `streamlit run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS=dev bash scripts/setup.sh
+. .venv/bin/activate
+exec streamlit run app/main.py "$@"
