@@ -27,8 +27,8 @@ def stationary(
     d2 = scaled_sqdist(X1, X2, ell)
     if name == "rbf":
         return outputscale * torch.exp(-0.5 * d2)
-    # Matérn: sqrt with a floor keeps the gradient finite at r = 0
-    r = torch.sqrt(d2 + 1e-12)
+    # Matérn: the clamp keeps sqrt finite at r = 0 (zero gradient there) without biasing k(x, x)
+    r = torch.sqrt(d2.clamp_min(1e-20))
     if name == "matern12":
         k = torch.exp(-r)
     elif name == "matern32":

@@ -1,0 +1,80 @@
+"""Metrics against scipy / numerical integration (ALGORITHMS.md 9.7)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from gpcore import metrics as M
+
+
+def test_crps_closed_form_equals_numerical_integration():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        mu, sd, y = rng.normal(), rng.uniform(0.2, 2), rng.normal(scale=2)
+
+        def integrand(t):
+            return (stats.norm.cdf(t, mu, sd) - (t >= y)) ** 2
+
+        num = integrate.quad(integrand, -np.inf, y, limit=200)[0] + integrate.quad(integrand, y, np.inf, limit=200)[0]
+        assert M.crps([mu], [sd**2], [y]) == pytest.approx(num, abs=1e-6)
+
+
+def test_crps_limits_and_reference_values():
+    assert M.crps([0.0], [1e-14], [1.7]) == pytest.approx(1.7, rel=1e-6)
+    assert M.crps([0.0], [4.0], [0.0]) == pytest.approx(0.233695 * 2, rel=1e-5)
+    assert M.nll([0.0], [1.0], [0.0]) == pytest.approx(0.918939, abs=1e-6)
+    np.testing.assert_allclose(M.interval_width([1.0, 4.0]), [3.919928, 7.839856], rtol=1e-6)
+    assert M.z_value(0.95) == pytest.approx(stats.norm.ppf(0.975))
+
+
+def test_metrics_match_scipy_and_counting():
+    rng = np.random.default_rng(1)
+    mean, sd = rng.normal(size=500), rng.uniform(0.5, 2, size=500)
+    y = mean + sd * rng.normal(size=500)
+    assert M.nll(mean, sd**2, y) == pytest.approx(-np.mean(stats.norm.logpdf(y, mean, sd)), rel=1e-12)
+    lo, hi = stats.norm.interval(0.9, mean, sd)
+    assert M.coverage(mean, sd**2, y, 0.9) == np.mean((y >= lo) & (y <= hi))
+    assert M.mae(mean, y) == pytest.approx(np.mean(np.abs(y - mean)))
+    assert M.rmse(mean, y) == pytest.approx(np.sqrt(np.mean((y - mean) ** 2)))
+
+
+def test_statistical_limits_with_the_true_distribution():
+    rng = np.random.default_rng(2)
+    n, sd = 200_000, 1.7
+    y = 0.5 + sd * rng.normal(size=n)
+    mean, var = np.full(n, 0.5), np.full(n, sd**2)
+    assert M.coverage(mean, var, y) == pytest.approx(0.95, abs=0.003)
+    assert M.nll(mean, var, y) == pytest.approx(0.5 * np.log(2 * np.pi * np.e * sd**2), abs=0.01)
+    assert M.crps(mean, var, y) == pytest.approx(sd / np.sqrt(np.pi), rel=0.01)
+    cal = M.calibration_curve(mean, var, y)
+    np.testing.assert_allclose(cal.observed, cal.nominal, atol=0.005)
+
+
+def test_grouped_metrics_combine_to_overall_and_unit_conversion():
+    rng = np.random.default_rng(3)
+    n = 300
+    mean, var = rng.normal(size=n), rng.uniform(0.1, 1, size=n)
+    y = mean + np.sqrt(var) * rng.normal(size=n)
+    groups = np.where(rng.uniform(size=n) < 0.3, "rural", "urban")
+    t = M.evaluate_groups(mean, var, y, groups).set_index("group")
+    w = t.loc[["rural", "urban"], "n"] / n
+    assert (w * t.loc[["rural", "urban"], "mae"]).sum() == pytest.approx(t.loc["all", "mae"])
+    assert (w * t.loc[["rural", "urban"], "coverage"]).sum() == pytest.approx(t.loc["all", "coverage"])
+    # standardised-space metrics converted with the target scale equal metrics computed directly
+    s, m0 = 0.37, 1.4
+    direct = M.evaluate(m0 + s * mean, s**2 * var, m0 + s * y)
+    std = M.evaluate(mean, var, y)
+    assert direct["mae"] == pytest.approx(std["mae"] * s)
+    assert direct["crps"] == pytest.approx(std["crps"] * s)
+    assert direct["pi_width_mean"] == pytest.approx(std["pi_width_mean"] * s)
+    assert direct["nll"] == pytest.approx(std["nll"] + np.log(s))
+    assert direct["coverage"] == std["coverage"]
+
+
+def test_metric_input_errors():
+    with pytest.raises(ValueError, match="equal length"):
+        M.mae([1, 2], [1])
+    with pytest.raises(ValueError, match="level"):
+        M.coverage([0], [1], [0], level=1.5)
