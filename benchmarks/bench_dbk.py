@@ -1,0 +1,157 @@
+"""DBK-dPPGP against GPyTorch SVGP on the same synthetic 2-D data, in one run.
+
+Prints seconds per epoch and samples per second for both, the ratio DBK / SVGP, prediction
+time for 100,000 points (mean and variance), streamed prediction of 1,000,000 points with the
+peak resident memory of that phase, and the targets (issue: DBK epoch <= 0.6 x SVGP's;
+100k predictions <= 1 s; 1M streamed with peak RSS < 2 GB).
+
+    python benchmarks/bench_dbk.py            # full setting (h=256, r=512, m=512, n=100k, batch 1024)
+    python benchmarks/bench_dbk.py --smoke    # seconds-long smoke run (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+from gpcore import make_model
+
+
+def synthetic(n: int, seed: int = 0):
+    """2-D field with a sharp ridge and heteroscedastic noise (known mean and noise)."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 2))
+    mean = np.sin(3 * X[:, 0]) * np.cos(2 * X[:, 1]) + 0.8 / (1 + np.exp(-30 * (X[:, 0] - X[:, 1])))
+    sd = 0.05 + 0.2 * np.abs(np.sin(4 * X[:, 1]))
+    return X, mean + sd * rng.normal(size=n)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process since the last reset (VmHWM), in MB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def reset_peak_rss() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def time_dbk_epochs(X, y, h, r, batch, epochs):
+    model = make_model("dbk", basis="silu", objective="dppgp", hidden=h, rank=r, batch_size=batch, epochs=epochs,
+                       lr=1e-3, seed=0)
+    times = []
+    last = [time.perf_counter()]
+
+    def cb(p):
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    last[0] = time.perf_counter()
+    model.fit(X, y, callback=cb)
+    return model, times
+
+
+def time_gpytorch_svgp_epochs(X, y, m, batch, epochs):
+    import gpytorch
+
+    class SVGP(gpytorch.models.ApproximateGP):
+        def __init__(self, Z):
+            dist = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
+            strat = gpytorch.variational.VariationalStrategy(self, Z, dist, learn_inducing_locations=True)
+            super().__init__(strat)
+            self.mean_module = gpytorch.means.ConstantMean()
+            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[1]))
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    torch.manual_seed(0)
+    Xt = torch.as_tensor(X, dtype=torch.float32)
+    yt = torch.as_tensor((y - y.mean()) / y.std(), dtype=torch.float32)
+    model = SVGP(torch.rand(m, X.shape[1]) * 2 - 1)
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(yt))
+    opt = torch.optim.Adam([*model.parameters(), *lik.parameters()], lr=1e-2)
+    times = []
+    model.train()
+    lik.train()
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        perm = torch.randperm(len(yt))
+        for idx in torch.split(perm, batch):
+            opt.zero_grad()
+            loss = -mll(model(Xt[idx]), yt[idx])
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, finishes in seconds (CI)")
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--json", help="also write the numbers to this JSON file")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        n, h, r, m, batch, epochs, n_pred, n_stream = 3000, 32, 64, 64, 512, 1, 20_000, 100_000
+    else:
+        n, h, r, m, batch, epochs, n_pred, n_stream = args.n, 256, 512, 512, 1024, args.epochs, 100_000, 1_000_000
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu; n={n}, batch={batch}")
+    X, y = synthetic(n)
+    model, dbk_times = time_dbk_epochs(X, y, h, r, batch, epochs)
+    dbk_epoch = float(np.median(dbk_times))
+    print(f"DBK-dPPGP  h={h} r={r}: {dbk_epoch:.3f} s/epoch, {n / dbk_epoch:,.0f} samples/s")
+    try:
+        svgp_times = time_gpytorch_svgp_epochs(X, y, m, batch, epochs)
+        svgp_epoch = float(np.median(svgp_times))
+        print(f"GPyTorch SVGP m={m}:     {svgp_epoch:.3f} s/epoch, {n / svgp_epoch:,.0f} samples/s")
+        ratio = dbk_epoch / svgp_epoch
+        print(f"ratio DBK / SVGP epoch time: {ratio:.2f}  (target <= 0.60: {'met' if ratio <= 0.6 else 'NOT met'})")
+    except ImportError:
+        svgp_epoch = ratio = float("nan")
+        print("gpytorch not installed (pip install -e '.[bench]'): SVGP peer skipped")
+
+    Xp, _ = synthetic(n_pred, seed=1)
+    model.predict(Xp[:1000])  # warm-up
+    t0 = time.perf_counter()
+    pred = model.predict(Xp)
+    t_pred = time.perf_counter() - t0
+    assert pred.mean.shape == (n_pred,) and np.isfinite(pred.var_y).all()
+    print(f"predict {n_pred:,} points (mean + variance): {t_pred:.3f} s"
+          + ("" if args.smoke else f"  (target <= 1 s: {'met' if t_pred <= 1 else 'NOT met'})"))
+
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    chunk = 100_000
+    total = 0.0
+    for i in range(0, n_stream, chunk):
+        Xc, _ = synthetic(min(chunk, n_stream - i), seed=100 + i)
+        total += float(model.predict(Xc).var_y.sum())
+    t_stream = time.perf_counter() - t0
+    rss = peak_rss_mb()
+    print(f"streamed predict {n_stream:,} points: {t_stream:.2f} s, peak RSS {rss:,.0f} MB"
+          + ("" if args.smoke else f"  (target < 2048 MB: {'met' if rss < 2048 else 'NOT met'})"))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"n": n, "dbk_epoch_s": dbk_epoch, "svgp_epoch_s": svgp_epoch, "ratio": ratio,
+                       "predict_s": t_pred, "n_pred": n_pred, "stream_s": t_stream, "stream_peak_rss_mb": rss}, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
