@@ -8,7 +8,7 @@ A *run* is what the dashboard trains and what ``python -m gpcore fit`` writes. B
     metrics.csv              tidy metrics per stratum (all / metro / non-metro ...), transformed units
     test_predictions.parquet test rows: lon, lat, y, mean, var_y, stratum (transformed units)
     grid.parquet             prediction grid: cell_id, lon, lat, mean_t, sd_t, mean, lower, upper, width
-    grid_cells.geojson       the grid polygons (for maps and exports)
+    grid_cells.parquet       the grid polygons as GeoParquet (cell_id, geometry; for maps and exports)
     history.json             per-epoch loss and validation NLL
 
 Metrics are reported in the space the model is trained in (e.g. log10 Mbps, ALGORITHMS.md 7);
@@ -269,7 +269,7 @@ def auto_cell_km(region, target_cells: int) -> float:
     """Cell size (km, rounded to a 'nice' value) giving about ``target_cells`` cells over the region."""
     from gpcore import data as D
 
-    geom = D.region_geometry(region) if hasattr(D, "region_geometry") else region
+    geom = D.resolve_region(region)
     import geopandas as gpd
 
     gs = gpd.GeoSeries([geom], crs="EPSG:4326")
@@ -350,7 +350,9 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
         gp = grid_predictions(model, grid, prep.transform)
         grid_s = time.perf_counter() - t0
         gp.to_parquet(out / "grid.parquet", index=False)
-        grid[["cell_id", "geometry"]].to_file(out / "grid_cells.geojson", driver="GeoJSON")
+        cells = grid[["cell_id", "geometry"]].copy()
+        cells.attrs = {}  # the grid's attrs hold Python objects (GridSpec) that Parquet metadata cannot store
+        cells.to_parquet(out / "grid_cells.parquet", index=False)
     model.save(out / "model")
     test_df = pd.DataFrame(
         {
