@@ -1,0 +1,192 @@
+"""Quarters and dates: parse them, select a period, or turn them into a numeric model input.
+
+A time column may hold Ookla quarters (``"2023Q1"``, ``"2023-Q1"``, ``"Q1 2023"``), dates
+(``"2023-02-17"``, datetime values) or years (``2023``). :func:`decimal_year` maps each value to a
+float year (a quarter to its middle: 2023Q1 -> 2023.125), which can be an extra model input.
+:func:`select_time` filters by a period spec: ``"all"``, a year ``"2023"``, a quarter ``"2023Q1"``, an
+inclusive range ``"2021Q3:2022Q2"``, or a list of these.
+
+>>> decimal_year(["2023Q1", "2023Q4"]).tolist()
+[2023.125, 2023.875]
+>>> select_time(["2022Q4", "2023Q1", "2023Q3"], "2023").tolist()
+[False, True, True]
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from gpcore.errors import DataError
+
+#: Column names recognised (case-insensitive) as the time column when none is given.
+TIME_COLUMN_NAMES = ("quarter", "date", "datetime", "timestamp", "time", "period", "year")
+
+_Q_FIRST = re.compile(r"^\s*(\d{4})\s*[-_ /]?\s*[qQ]([1-4])\s*$")
+_Q_LAST = re.compile(r"^\s*[qQ]([1-4])\s*[-_ /]?\s*(\d{4})\s*$")
+_YEAR = re.compile(r"^\s*(\d{4})\s*$")
+
+
+def parse_time(values) -> pd.DataFrame:
+    """Year, quarter and decimal year of each value.
+
+    Parameters
+    ----------
+    values : array-like, shape (n,)
+
+    Returns
+    -------
+    DataFrame with n rows and columns ``year`` (Int64), ``quarter`` (Int64, 1-4; missing for
+    bare years) and ``decimal`` (float; NaN where the value is not a time).
+    """
+    s = pd.Series(values).reset_index(drop=True)
+    if len(s) > 64 and not pd.api.types.is_numeric_dtype(s):
+        codes, uniques = pd.factorize(s, use_na_sentinel=True)
+        if len(uniques) < len(s) // 2:
+            parsed = parse_time(pd.Series(uniques, dtype=s.dtype))
+            taken = parsed.iloc[np.where(codes >= 0, codes, 0)].reset_index(drop=True)
+            taken.loc[codes < 0, :] = pd.NA
+            taken["decimal"] = taken["decimal"].astype(float)
+            return taken
+    n = len(s)
+    year = np.full(n, np.nan)
+    quarter = np.full(n, np.nan)
+    decimal = np.full(n, np.nan)
+    if n == 0:
+        return pd.DataFrame({"year": year, "quarter": quarter, "decimal": decimal}).astype(
+            {"year": "Int64", "quarter": "Int64"}
+        )
+    if pd.api.types.is_datetime64_any_dtype(s):
+        dt = s
+    elif pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s):
+        v = s.to_numpy(dtype=float, na_value=np.nan)
+        ok = np.isfinite(v) & (v >= 1000) & (v <= 3000)
+        year[ok] = np.floor(v[ok])
+        decimal[ok] = np.where(v[ok] == np.floor(v[ok]), v[ok] + 0.5, v[ok])
+        return _frame(year, quarter, decimal)
+    else:
+        text = s.astype("string")
+        m1 = text.str.extract(_Q_FIRST)
+        m2 = text.str.extract(_Q_LAST)
+        my = text.str.extract(_YEAR)
+        y = pd.to_numeric(m1[0].fillna(m2[1]), errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        q = pd.to_numeric(m1[1].fillna(m2[0]), errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        is_q = np.isfinite(y) & np.isfinite(q)
+        year[is_q], quarter[is_q] = y[is_q], q[is_q]
+        decimal[is_q] = y[is_q] + (q[is_q] - 1) / 4 + 0.125
+        yy = pd.to_numeric(my[0], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        is_y = ~is_q & np.isfinite(yy)
+        year[is_y] = yy[is_y]
+        decimal[is_y] = yy[is_y] + 0.5
+        rest = ~is_q & ~is_y & text.notna().to_numpy()
+        if not rest.any():
+            return _frame(year, quarter, decimal)
+        dt = pd.Series(pd.NaT, index=s.index, dtype="datetime64[ns]")
+        try:
+            parsed = pd.to_datetime(text[rest], errors="coerce", format="mixed")
+            if getattr(parsed.dt, "tz", None) is not None:
+                parsed = parsed.dt.tz_convert(None)
+            dt.loc[rest] = parsed.astype("datetime64[ns]")
+        except (ValueError, TypeError, OverflowError):
+            pass
+    if getattr(dt.dt, "tz", None) is not None:
+        dt = dt.dt.tz_convert(None)
+    ok = dt.notna().to_numpy()
+    if ok.any():
+        d = dt[ok]
+        days = np.where(d.dt.is_leap_year, 366.0, 365.0)
+        year[ok] = d.dt.year.to_numpy(dtype=float)
+        quarter[ok] = d.dt.quarter.to_numpy(dtype=float)
+        frac = (d.dt.day_of_year.to_numpy(dtype=float) - 1 + d.dt.hour.to_numpy(dtype=float) / 24) / days
+        decimal[ok] = year[ok] + frac
+    return _frame(year, quarter, decimal)
+
+
+def _frame(year, quarter, decimal) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "year": pd.array(np.where(np.isfinite(year), year, np.nan), dtype="Float64").astype("Int64"),
+            "quarter": pd.array(np.where(np.isfinite(quarter), quarter, np.nan), dtype="Float64").astype("Int64"),
+            "decimal": decimal,
+        }
+    )
+
+
+def decimal_year(values) -> np.ndarray:
+    """Decimal year of each value (NaN where not a time), shape (n,); quarters map to their middle."""
+    return parse_time(values)["decimal"].to_numpy(dtype=float)
+
+
+def quarter_labels(values) -> np.ndarray:
+    """Canonical ``"YYYYQn"`` label of each value (``None`` where no quarter is known), shape (n,)."""
+    p = parse_time(values)
+    ok = (p["year"].notna() & p["quarter"].notna()).to_numpy()
+    out = np.full(len(p), None, dtype=object)
+    y = p["year"].to_numpy(dtype=float, na_value=np.nan)
+    q = p["quarter"].to_numpy(dtype=float, na_value=np.nan)
+    out[ok] = [f"{int(a)}Q{int(b)}" for a, b in zip(y[ok], q[ok], strict=True)]
+    return out
+
+
+def _parse_period(token: str) -> tuple[int, int]:
+    """First and last quarter index (``year * 4 + quarter - 1``) of ``"2023"`` or ``"2023Q1"``."""
+    m = _Q_FIRST.match(token)
+    if m:
+        i = int(m.group(1)) * 4 + int(m.group(2)) - 1
+        return i, i
+    m = _Q_LAST.match(token)
+    if m:
+        i = int(m.group(2)) * 4 + int(m.group(1)) - 1
+        return i, i
+    m = _YEAR.match(token)
+    if m:
+        y = int(m.group(1))
+        return y * 4, y * 4 + 3
+    raise DataError(
+        f"time period {token!r} is not understood; use 'all', a year like '2023', a quarter like '2023Q1', "
+        "a range like '2021Q3:2022Q2', or a list of these"
+    )
+
+
+def select_time(values, spec) -> np.ndarray:
+    """Boolean mask (shape (n,)) of the values that fall in the period ``spec``.
+
+    ``spec`` is ``None``/``"all"`` (everything), ``"2023"``, ``"2023Q1"``, ``"2021Q3:2022Q2"`` (inclusive),
+    a comma-separated string of these, or a list of them. Dates match the calendar quarter they fall in;
+    a bare year value matches only periods that cover its whole year. Values that are not times never match.
+    """
+    p = parse_time(values)
+    n = len(p)
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "all")):
+        return np.ones(n, dtype=bool)
+    tokens = [t.strip() for t in spec.split(",")] if isinstance(spec, str) else [str(t).strip() for t in spec]
+    year = p["year"].to_numpy(dtype=float, na_value=np.nan)
+    quarter = p["quarter"].to_numpy(dtype=float, na_value=np.nan)
+    has_q = np.isfinite(quarter)
+    lo_i = np.where(has_q, year * 4 + quarter - 1, year * 4)
+    hi_i = np.where(has_q, lo_i, year * 4 + 3)
+    mask = np.zeros(n, dtype=bool)
+    for token in tokens:
+        if not token:
+            continue
+        if token.lower() == "all":
+            return np.ones(n, dtype=bool)
+        if ":" in token:
+            a, b = token.split(":", 1)
+            lo, hi = _parse_period(a)[0], _parse_period(b)[1]
+        else:
+            lo, hi = _parse_period(token)
+        with np.errstate(invalid="ignore"):
+            mask |= (lo_i >= lo) & (hi_i <= hi)
+    return mask
+
+
+def find_time_column(columns) -> str | None:
+    """First column whose lower-cased name is in :data:`TIME_COLUMN_NAMES` (in that order), or None."""
+    lower = {str(c).strip().lower(): c for c in columns}
+    for name in TIME_COLUMN_NAMES:
+        if name in lower:
+            return lower[name]
+    return None
