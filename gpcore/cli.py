@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -99,7 +100,15 @@ def cmd_fit(args) -> int:
     from gpcore.runs import execute_run
 
     cfg = _run_config(args, args.model, _parse_sets(args.set))
-    out = execute_run(cfg, args.out, callback=_progress_printer(), log=lambda m: print(m, file=sys.stderr))
+    if getattr(args, "distributed", False):  # under torchrun; see gpcore.distributed
+        from gpcore.distributed import execute_run_distributed
+
+        log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+        out = execute_run_distributed(cfg, args.out, callback=_progress_printer(), log=log)
+        if out is None:  # not rank 0: rank 0 writes the run
+            return 0
+    else:
+        out = execute_run(cfg, args.out, callback=_progress_printer(), log=lambda m: print(m, file=sys.stderr))
     manifest = json.loads((out / "run.json").read_text())
     print(_metrics_text(manifest["metrics"]))
     print(f"run written to {out}")
@@ -127,6 +136,21 @@ def load_run(run_dir):
 
 
 def cmd_predict(args) -> int:
+    if args.grid or args.grid_region:  # streamed: bounded memory, sharded under torchrun
+        from gpcore.predict_stream import predict_run_stream
+
+        res = predict_run_stream(
+            args.run_dir, args.out, grid=args.grid, grid_region=args.grid_region,
+            x_cols=tuple(args.x.split(",")) if args.x else None, id_col=args.id_column,
+            cell_km=args.cell_km, cell_deg=args.cell_deg, cells=args.cells, batch_size=args.batch_size,
+            level=args.level, progress=not args.no_progress,
+        )
+        if res.world_size == 1 or int(os.environ.get("RANK", "0")) == 0:
+            print(f"wrote {res.rows_written} predictions to {res.path} "
+                  f"({res.cells} cells in {res.seconds:.1f}s, {res.cells_per_second:,.0f} cells/s)")
+        return 0
+    if not args.data:
+        raise GPCoreError("give --data FILE, --grid GRID.parquet or --grid-region SPEC")
     from gpcore import data as D
     from gpcore.runs import RunConfig, grid_predictions
 
@@ -210,14 +234,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="dbk", help="registry name (see `python -m gpcore models`)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="model setting (repeatable)")
     p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--distributed", action="store_true",
+                   help="train across the processes torchrun started (NCCL on GPUs, gloo on CPUs); rank 0 writes")
     p.set_defaults(func=cmd_fit)
 
-    p = sub.add_parser("predict", help="predict at the locations of a data file")
+    p = sub.add_parser("predict", help="predict at the locations of a data file, or stream a grid of any size")
     p.add_argument("run_dir")
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", help="data file: predict at its rows (held in memory)")
     p.add_argument("--quarter")
     p.add_argument("--no-drop", action="store_true")
-    p.add_argument("--out", required=True, help="output .parquet or .csv")
+    p.add_argument("--out", required=True, help="output .parquet or .csv (.tif with --grid-region)")
+    p.add_argument("--grid", help="streamed: Parquet file of cells (lon, lat[, cell_id]), read by row groups")
+    p.add_argument("--grid-region", help="streamed: generated lon/lat raster over bbox:W,E,S,N | state:CODE | run")
+    p.add_argument("--cell-km", type=float, help="generated grid: cell size in km")
+    p.add_argument("--cell-deg", type=float, help="generated grid: cell size in degrees")
+    p.add_argument("--cells", type=int, help="generated grid: about this many cells")
+    p.add_argument("--x", help="coordinate columns of --grid, 'lon,lat' (auto-detected when omitted)")
+    p.add_argument("--id-column", help="cell id column of --grid (default cell_id if present, else row number)")
+    p.add_argument("--batch-size", type=int, default=65536, help="cells per streamed batch (bounds memory)")
+    p.add_argument("--level", type=float, default=0.95, help="prediction-interval level")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("evaluate", help="metrics of a trained run on a labelled data file")

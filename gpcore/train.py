@@ -6,11 +6,23 @@ restore, a per-epoch callback that may cancel, and an optional wall-clock budget
 
 The loss is accumulated on the device and read back once per epoch, so the hot loop has no
 host-device synchronisation.
+
+Inside a :func:`gpcore.distributed.session` with more than one process the same loop trains
+across ranks (DistributedDataParallel for mini-batch losses, a gradient all-reduce for full-batch
+ones; see :mod:`gpcore.distributed` for the global-batch semantics). Rank 0 runs the callback and
+decides cancellation and the time budget for everyone; every rank returns the same history.
+
+On CUDA, :class:`Performance` switches on what is safe by default (TF32 matmuls in the backbone's
+forward only, fused AdamW); bf16 autocast of the backbone and ``torch.compile`` are opt-in
+(``GPCORE_BACKBONE_PRECISION=bf16``, ``GPCORE_COMPILE=1``). Cholesky factors, QR and the small
+``r x r`` solves are never touched by these switches. On CPU all of it is off.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -64,23 +76,131 @@ def iterate_batches(n: int, batch_size: int, generator: torch.Generator, device)
     return list(torch.split(perm, batch_size))
 
 
+@dataclass
+class Performance:
+    """GPU speed switches for one training run (all no-ops on CPU).
+
+    Attributes
+    ----------
+    backbone_precision : ``"fp32"``, ``"tf32"`` (TF32 tensor-core matmuls in the backbone's forward
+        pass only) or ``"bf16"`` (autocast the backbone's forward to bfloat16; its output is cast
+        back to the working dtype before the expansion layer / kernel).
+    fused_adam : use the fused CUDA AdamW kernel.
+    compile : ``torch.compile`` the backbone in place (parameter names are unchanged).
+    """
+
+    backbone_precision: str = "fp32"
+    fused_adam: bool = False
+    compile: bool = False
+
+    @classmethod
+    def for_model(cls, model) -> Performance:
+        """Defaults for ``model``'s device and dtype, overridable by environment variables.
+
+        ``GPCORE_BACKBONE_PRECISION`` (fp32 | tf32 | bf16; default tf32 on CUDA with float32),
+        ``GPCORE_FUSED_ADAM`` (1/0; default 1 on CUDA), ``GPCORE_COMPILE`` (1/0; default 0).
+        """
+        cuda = model.device.type == "cuda"
+        f32 = model.dtype == torch.float32
+        prec = os.environ.get("GPCORE_BACKBONE_PRECISION", "tf32" if (cuda and f32) else "fp32").lower()
+        if prec not in ("fp32", "tf32", "bf16"):
+            prec = "fp32"
+        if not cuda or not f32:
+            prec = "fp32"
+        fused = cuda and os.environ.get("GPCORE_FUSED_ADAM", "1") not in ("0", "false", "no")
+        comp = cuda and os.environ.get("GPCORE_COMPILE", "0") in ("1", "true", "yes")
+        return cls(prec, fused, comp)
+
+
+def _precision_forward(orig, device_type: str, mode: str, out_dtype: torch.dtype, *args, **kwargs):
+    if mode == "bf16":
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+            out = orig(*args, **kwargs)
+        return out.to(out_dtype)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return orig(*args, **kwargs)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def _apply_performance(model, perf: Performance):
+    """Install the backbone switches; returns an undo function (state-dict names never change)."""
+    backbone = getattr(model.module_, "backbone", None)
+    undo = []
+    if backbone is not None and perf.backbone_precision in ("tf32", "bf16"):
+        orig = backbone.forward
+        backbone.forward = functools.partial(
+            _precision_forward, orig, model.device.type, perf.backbone_precision, model.dtype
+        )
+        undo.append(lambda: backbone.__dict__.pop("forward", None))
+    if backbone is not None and perf.compile:
+        backbone.compile()
+        undo.append(lambda: setattr(backbone, "_compiled_call_impl", None))
+
+    def restore():
+        for f in reversed(undo):
+            f()
+
+    return restore
+
+
+def _make_optimizer(model, cfg, perf: Performance):
+    groups = model._param_groups(cfg.weight_decay)
+    if perf.fused_adam:
+        try:
+            return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
+        except (RuntimeError, TypeError, ValueError):
+            pass
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
 def train(model, Xs, ys, Xv=None, yv=None, callback=None):
     """Optimise ``model.module_`` in place. Returns ``(history, info)``.
 
     Parameters
     ----------
     model : GPModel with ``module_`` built.
-    Xs, ys : ``n x d`` and ``(n,)`` scaled training tensors on the model's device.
+    Xs, ys : ``n x d`` and ``(n,)`` scaled training tensors on the model's device (in a sharded
+        distributed session: this rank's rows).
     Xv, yv : optional validation tensors (early stopping on validation NLL).
-    callback : optional ``callback(Progress) -> bool | None``; ``False`` cancels.
+    callback : optional ``callback(Progress) -> bool | None``; ``False`` cancels. Distributed:
+        called on rank 0 only.
     """
+    from gpcore import distributed as D
+
     cfg = model.config
     module = model.module_
-    opt = torch.optim.AdamW(model._param_groups(cfg.weight_decay), lr=cfg.lr)
-    n = Xs.shape[0]
-    full = model.full_batch or cfg.batch_size >= n
+    perf = Performance.for_model(model)
+    restore = _apply_performance(model, perf)
+    try:
+        dctx = D.current()
+        dist_steps = None
+        n = Xs.shape[0]
+        full = model.full_batch or cfg.batch_size >= n
+        if dctx is not None and dctx.world_size > 1:
+            D.check_supported(model)
+            probe = (Xs[:8], ys[:8], n) if n > 0 else None
+            dist_steps = D.DistributedSteps(model, dctx, n, cfg.batch_size, model.full_batch, cfg.seed, probe)
+            n = dist_steps.n_global
+            full = model.full_batch or cfg.batch_size >= n
+            dist_steps.full = full
+            if model.full_batch and n < dctx.world_size:
+                raise ValueError(f"{n} training points cannot be split over {dctx.world_size} processes")
+        opt = _make_optimizer(model, cfg, perf)
+        return _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps)
+    finally:
+        restore()
+
+
+def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps):
     gen = torch.Generator().manual_seed(cfg.seed)
-    has_val = Xv is not None and Xv.shape[0] > 0
+    main = dist_steps is None or dist_steps.ctx.is_main
+    if dist_steps is None:
+        has_val = Xv is not None and Xv.shape[0] > 0
+    else:
+        has_val = Xv is not None
     best_metric, best_epoch, best_state = math.inf, 0, None
     history: list[dict] = []
     stale = 0
@@ -93,17 +213,27 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
         module.train()
         model._on_epoch_start(epoch)
         total = torch.zeros((), device=Xs.device, dtype=torch.float64)
-        if full:
-            batches = [None]
+        if dist_steps is not None:
+            batches = dist_steps.epoch_batches(Xs.device)
+            for idx, b_local, b_global in batches:
+                opt.zero_grad(set_to_none=True)
+                loss = dist_steps.step(Xs, ys, idx, b_local, b_global, n)
+                opt.step()
+                total += loss.double()
+                step += 1
+            total = dist_steps.reduce_epoch_total(total)
         else:
-            batches = iterate_batches(n, cfg.batch_size, gen, Xs.device)
-        for idx in batches:
-            xb, yb = (Xs, ys) if idx is None else (Xs[idx], ys[idx])
-            opt.zero_grad(set_to_none=True)
-            loss = model._step(xb, yb, n)
-            opt.step()
-            total += loss.double()
-            step += 1
+            if full:
+                batches = [None]
+            else:
+                batches = iterate_batches(n, cfg.batch_size, gen, Xs.device)
+            for idx in batches:
+                xb, yb = (Xs, ys) if idx is None else (Xs[idx], ys[idx])
+                opt.zero_grad(set_to_none=True)
+                loss = model._step(xb, yb, n)
+                opt.step()
+                total += loss.double()
+                step += 1
         epoch_loss = (total / len(batches)).item()
         if not math.isfinite(epoch_loss):
             if best_state is None:
@@ -114,7 +244,10 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
             diverged = True
             break
         if has_val:
-            val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv)
+            if dist_steps is not None:
+                val_nll, val_rmse = dist_steps.validation_metrics(Xs, ys, Xv, yv)
+            else:
+                val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv)
             metric = val_nll
         else:
             val_nll = val_rmse = None
@@ -138,13 +271,17 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
             improved=improved,
         )
         history.append(prog.to_dict())
-        if callback is not None and callback(prog) is False:
+        stop_cb = main and callback is not None and callback(prog) is False
+        out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t0 > cfg.max_seconds
+        if dist_steps is not None:
+            stop_cb, out_of_time = dist_steps.agree(stop_cb, out_of_time)
+        if stop_cb:
             cancelled = True
             break
         if has_val and stale >= cfg.patience:
             stopped_early = True
             break
-        if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
+        if out_of_time:
             break
     if best_state is not None and (has_val or diverged):
         module.load_state_dict(best_state)
@@ -158,4 +295,7 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
         "train_seconds": time.perf_counter() - t0,
         "steps": step,
     }
+    if dist_steps is not None:
+        info["world_size"] = dist_steps.W
+        dist_steps.close()
     return history, info

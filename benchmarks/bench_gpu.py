@@ -1,0 +1,293 @@
+"""GPU benchmark: seconds per epoch of DBK-dPPGP and GPyTorch SVGP, and prediction throughput.
+
+The paper's Georgia setting (DBK main paper, 2.11): n = 517,139 synthetic 2-D points, backbone width
+h = 256, r = 1024 basis functions, batch 1024; GPyTorch SVGP with m = 1024 inducing points in the same
+run. Target on one H100: one DBK epoch <= 1 s.
+
+    python benchmarks/bench_gpu.py                  # paper setting on a GPU (reduced setting on CPU)
+    python benchmarks/bench_gpu.py --smoke          # seconds, tiny, any machine (CI)
+    python benchmarks/bench_gpu.py --profile        # also count host-device syncs per training step (CUDA)
+    python benchmarks/bench_gpu.py --backbone-precision bf16 --compile --json out.json
+
+Without a CUDA GPU the script says so in its first line and in the JSON (``"gpu": false``); its
+numbers are then CPU numbers of a reduced setting and must not be read as GPU numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpcore import make_model  # noqa: E402
+from gpcore.device import describe_device  # noqa: E402
+
+GA_BOX = (-85.61, -80.84, 30.36, 35.00)  # (W, E, S, N) of Georgia, degrees
+
+SETTINGS = {
+    "paper": dict(n=517_139, hidden=256, rank=1024, batch=1024, inducing=1024, epochs=3, predict=2_000_000),
+    "cpu": dict(n=20_000, hidden=64, rank=128, batch=1024, inducing=128, epochs=2, predict=200_000),
+    "smoke": dict(n=2_000, hidden=16, rank=32, batch=256, inducing=32, epochs=2, predict=5_000),
+}
+
+
+def synthetic_georgia(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` points in Georgia's box with a smooth mean and input-dependent noise (log10-Mbps-like)."""
+    rng = np.random.default_rng(seed)
+    w, e, s, nn = GA_BOX
+    # clustered like population: half uniform, half around a few "cities"
+    k = n // 2
+    centres = np.array([[-84.39, 33.75], [-81.09, 32.08], [-83.63, 32.84], [-84.99, 32.46], [-82.0, 33.47]])
+    c = centres[rng.integers(0, len(centres), n - k)]
+    uniform = np.column_stack([rng.uniform(w, e, k), rng.uniform(s, nn, k)])
+    pts = np.vstack([uniform, c + 0.25 * rng.normal(size=c.shape)])
+    pts[:, 0] = np.clip(pts[:, 0], w, e)
+    pts[:, 1] = np.clip(pts[:, 1], s, nn)
+    mean = 1.6 + 0.3 * np.sin(2.0 * pts[:, 0]) * np.cos(1.5 * pts[:, 1])
+    sd = 0.1 + 0.2 * (np.abs(np.sin(pts[:, 0] + pts[:, 1])))
+    return pts, mean + sd * rng.normal(size=n)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_dbk(X, y, cfg: dict, device: torch.device) -> tuple[dict, object]:
+    """Seconds per epoch of DBK-dPPGP (gpcore trainer, no validation set)."""
+    times: list[float] = []
+    last = [time.perf_counter()]
+
+    def cb(p):
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    model = make_model(
+        "dbk", basis="silu", objective="dppgp", hidden=cfg["hidden"], rank=cfg["rank"],
+        batch_size=cfg["batch"], epochs=cfg["epochs"], lr=1e-3, patience=10**6, device=device.type,
+    )
+    last[0] = time.perf_counter()
+    model.fit(X, y, callback=cb)
+    steady = times[1:] if len(times) > 1 else times
+    return {
+        "model": "DBK-dPPGP (gpcore)",
+        "epochs": len(times),
+        "steps_per_epoch": math.ceil(len(y) / cfg["batch"]),
+        "first_epoch_s": times[0],
+        "epoch_s": statistics.median(steady),
+        "epoch_times_s": times,
+        "final_loss": model.history_[-1]["loss"],
+    }, model
+
+
+def bench_gpytorch_svgp(X, y, cfg: dict, device: torch.device) -> tuple[dict | None, object]:
+    """Seconds per epoch of a standard GPyTorch SVGP (m inducing points, ARD RBF, Cholesky q(u))."""
+    try:
+        import gpytorch
+    except ImportError:
+        return None, None
+
+    Xt = torch.as_tensor((X - X.min(0)) / (X.max(0) - X.min(0)) * 2 - 1, dtype=torch.float32, device=device)
+    yt = torch.as_tensor((y - y.mean()) / y.std(), dtype=torch.float32, device=device)
+    n, m = Xt.shape[0], cfg["inducing"]
+    g = torch.Generator().manual_seed(0)
+    Z = Xt[torch.randperm(n, generator=g)[:m].to(device)].clone()
+
+    class SVGP(gpytorch.models.ApproximateGP):
+        def __init__(self, Z):
+            q = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
+            strat = gpytorch.variational.VariationalStrategy(self, Z, q, learn_inducing_locations=True)
+            super().__init__(strat)
+            self.mean_module = gpytorch.means.ConstantMean()
+            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[1]))
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    model = SVGP(Z).to(device)
+    lik = gpytorch.likelihoods.GaussianLikelihood().to(device)
+    mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
+    opt = torch.optim.Adam([*model.parameters(), *lik.parameters()], lr=0.01)
+    model.train()
+    lik.train()
+    times = []
+    for _ in range(cfg["epochs"]):
+        _sync(device)
+        t0 = time.perf_counter()
+        perm = torch.randperm(n, generator=g).to(device)
+        for idx in torch.split(perm, cfg["batch"]):
+            opt.zero_grad(set_to_none=True)
+            loss = -mll(model(Xt[idx]), yt[idx])
+            loss.backward()
+            opt.step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    steady = times[1:] if len(times) > 1 else times
+    model.eval()
+    lik.eval()
+    return {
+        "model": f"GPyTorch SVGP (m = {m})",
+        "epochs": len(times),
+        "first_epoch_s": times[0],
+        "epoch_s": statistics.median(steady),
+        "epoch_times_s": times,
+    }, (model, lik)
+
+
+def bench_predict_dbk(model, cells: int, device: torch.device, batch: int = 65536) -> dict:
+    """Cells per second of DBK predictive mean + variance (scaled inputs already on the device)."""
+    Xs = torch.rand(cells, 2, device=device, dtype=model.dtype) * 2 - 1
+    model.predict_scaled(Xs[:batch], batch)  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    for i in range(0, cells, batch):
+        m, v = model.predict_scaled(Xs[i : i + batch], batch)
+    _sync(device)
+    dt = time.perf_counter() - t0
+    # end to end through numpy (what `gpcore predict` streams), on a slice
+    k = min(cells, 4 * batch)
+    Xn = np.random.default_rng(1).uniform(-84, -82, size=(k, 2))
+    t1 = time.perf_counter()
+    model.predict(Xn, batch_size=batch)
+    dt_np = time.perf_counter() - t1
+    return {"cells": cells, "device_cells_per_s": cells / dt, "numpy_cells_per_s": k / dt_np}
+
+
+def bench_predict_gpytorch(svgp, cells: int, device: torch.device, batch: int = 65536) -> dict | None:
+    if svgp is None:
+        return None
+    import gpytorch
+
+    model, lik = svgp
+    Xs = torch.rand(cells, 2, device=device) * 2 - 1
+    with torch.no_grad(), gpytorch.settings.fast_pred_var():
+        lik(model(Xs[:batch]))  # warm-up
+        _sync(device)
+        t0 = time.perf_counter()
+        for i in range(0, cells, batch):
+            out = lik(model(Xs[i : i + batch]))
+            out.mean, out.variance  # noqa: B018
+        _sync(device)
+    return {"cells": cells, "device_cells_per_s": cells / (time.perf_counter() - t0)}
+
+
+def profile_syncs(X, y, cfg: dict, device: torch.device) -> dict:
+    """Host-device synchronisations per DBK training step (torch.profiler; CUDA only)."""
+    if device.type != "cuda":
+        return {"note": "not measured: host-device syncs only exist with a GPU"}
+    from torch.profiler import ProfilerActivity, profile
+
+    n = min(len(y), 64 * cfg["batch"])
+    model = make_model("dbk", hidden=cfg["hidden"], rank=cfg["rank"], batch_size=cfg["batch"], epochs=1,
+                       patience=10**6, device="cuda")
+    model.fit(X[:n], y[:n])  # warm-up (kernels, allocator)
+    model = make_model("dbk", hidden=cfg["hidden"], rank=cfg["rank"], batch_size=cfg["batch"], epochs=1,
+                       patience=10**6, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model.fit(X[:n], y[:n])
+    names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+    counts = {k: 0 for k in names}
+    memcpy_dtoh = 0
+    for ev in prof.events():
+        if ev.name in counts:
+            counts[ev.name] += 1
+        if "Memcpy DtoH" in ev.name:
+            memcpy_dtoh += 1
+    steps = math.ceil(n / cfg["batch"])
+    return {"steps": steps, "sync_calls": counts, "memcpy_dtoh": memcpy_dtoh,
+            "note": "a fit also syncs once per epoch (loss read-back) and in set-up/finalize; compare with steps"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny setting that runs in seconds on any machine")
+    ap.add_argument("--setting", choices=tuple(SETTINGS), help="override the automatic choice")
+    ap.add_argument("--n", type=int)
+    ap.add_argument("--epochs", type=int)
+    ap.add_argument("--hidden", type=int)
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--inducing", type=int)
+    ap.add_argument("--predict", type=int, help="cells for the prediction-throughput measurement")
+    ap.add_argument("--skip-gpytorch", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="count host-device syncs per training step (CUDA)")
+    ap.add_argument("--backbone-precision", choices=("fp32", "tf32", "bf16"),
+                    help="backbone matmul precision on CUDA (default tf32)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the backbone (CUDA)")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    setting = args.setting or ("smoke" if args.smoke else ("paper" if gpu else "cpu"))
+    cfg = dict(SETTINGS[setting])
+    for k in ("n", "epochs", "hidden", "rank", "batch", "inducing", "predict"):
+        if getattr(args, k) is not None:
+            cfg[k] = getattr(args, k)
+    if setting == "smoke" and not gpu:
+        torch.set_num_threads(1)  # tiny matrices: threads only add overhead (and stall on a busy machine)
+    if args.backbone_precision:
+        os.environ["GPCORE_BACKBONE_PRECISION"] = args.backbone_precision
+    if args.compile:
+        os.environ["GPCORE_COMPILE"] = "1"
+
+    if gpu:
+        banner = f"GPU run on {describe_device('cuda')} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    else:
+        banner = (f"NO GPU PRESENT: CPU run on {describe_device('cpu')}, {setting} setting -- "
+                  "these are CPU numbers, not GPU numbers")
+    print(banner)
+    print(f"setting {setting}: n={cfg['n']:,} h={cfg['hidden']} r={cfg['rank']} batch={cfg['batch']} "
+          f"m={cfg['inducing']} epochs={cfg['epochs']} predict={cfg['predict']:,} cells")
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    X, y = synthetic_georgia(cfg["n"])
+    res: dict = {"gpu": gpu, "device": describe_device(device.type), "setting": setting, "config": cfg,
+                 "torch": torch.__version__, "backbone_precision": os.environ.get("GPCORE_BACKBONE_PRECISION"),
+                 "compile": bool(args.compile)}
+    dbk, model = bench_dbk(X, y, cfg, device)
+    res["dbk"] = dbk
+    print(f"DBK-dPPGP: {dbk['epoch_s']:.3f} s/epoch ({dbk['steps_per_epoch']} steps; first epoch "
+          f"{dbk['first_epoch_s']:.3f} s)")
+    svgp = None
+    if not args.skip_gpytorch:
+        sv, svgp = bench_gpytorch_svgp(X, y, cfg, device)
+        res["gpytorch_svgp"] = sv
+        if sv is None:
+            print("GPyTorch SVGP: skipped (gpytorch not installed; pip install -e '.[bench]')")
+        else:
+            print(f"{sv['model']}: {sv['epoch_s']:.3f} s/epoch (first epoch {sv['first_epoch_s']:.3f} s)")
+    pdbk = bench_predict_dbk(model, cfg["predict"], device)
+    res["predict_dbk"] = pdbk
+    print(f"DBK prediction: {pdbk['device_cells_per_s']:,.0f} cells/s on the device, "
+          f"{pdbk['numpy_cells_per_s']:,.0f} cells/s through NumPy (mean + variance)")
+    psv = bench_predict_gpytorch(svgp, cfg["predict"], device)
+    res["predict_gpytorch_svgp"] = psv
+    if psv is not None:
+        print(f"GPyTorch SVGP prediction: {psv['device_cells_per_s']:,.0f} cells/s on the device")
+    if args.profile:
+        res["syncs"] = profile_syncs(X, y, cfg, device)
+        print(f"host-device syncs: {res['syncs']}")
+    if gpu and setting == "paper":
+        ok = dbk["epoch_s"] <= 1.0
+        print(f"target (one DBK epoch <= 1 s on one H100): {'met' if ok else 'NOT met'} on {res['device']}")
+    res["total_s"] = time.perf_counter() - t0
+    print(f"total {res['total_s']:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

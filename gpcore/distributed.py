@@ -1,0 +1,683 @@
+"""Distributed training across processes and machines (``torchrun`` + DistributedDataParallel).
+
+Launch any mini-batch model on N processes of one machine, or across machines::
+
+    torchrun --nproc_per_node=4 -m gpcore fit --data FILE --y COL --model dbk --out RUN --distributed
+
+Inside, :func:`init_distributed` reads torchrun's environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) and picks the backend: NCCL when CUDA GPUs are
+present (each process takes GPU ``LOCAL_RANK``), gloo on CPUs. :func:`session` activates the
+context; while it is active, :func:`gpcore.train.train` (called by ``GPModel.fit``) trains across
+all processes. Every process must make the same ``fit`` call; only rank 0 should write files.
+
+Global-batch semantics (what "the same model as single-process training" means)
+-------------------------------------------------------------------------------
+With data replicated on every rank (``GPModel.fit``), the trainer draws the *same* seeded
+permutation as a single process, cuts it into the same global batches of ``batch_size`` and gives
+rank ``k`` the strided shard ``batch[k::W]`` (what ``DistributedSampler`` does over an epoch). Each
+rank computes the model's ordinary per-point loss ``L_k = mean_{i in B_k} l_i + G`` (``G`` = the
+global terms such as ``KL / n`` with the *full* training size ``n``) and back-propagates
+``W * (b_k / b) * L_k``; DDP averages gradients over the ``W`` ranks, so the update is the
+gradient of ``sum_k (b_k / b) L_k = mean_{i in B} l_i + G`` -- exactly the single-process loss on
+the global batch ``B`` (the global terms are counted once because ``sum_k b_k / b = 1``). This
+holds for every loss that is a mean of per-point terms plus global terms (DBK-dPPGP, SVGP, PPGP,
+SV-DKL, PP-DKL, SOLVE-GP) with no change to the model, up to floating-point summation order.
+
+Two kinds of loss need more than this, and the models use the hooks below:
+
+* **In-batch reductions** such as the dPPGP trace term's ``k_b = max_{j in B} ||phi_j||^2``:
+  :func:`batch_max` returns the maximum over the *global* batch (an all-gather of the per-rank
+  maxima). Its gradient flows only to the rank that owns the arg-max (the lowest rank on a tie),
+  which receives the sum over ranks of the upstream gradients (an all-reduce in the backward), so
+  the parameter gradient equals the single-process one. Outside a distributed step it is
+  ``t.max()``.
+* **Full-batch statistics** such as exact DBK-MML's ``A = Phi^T Phi``, ``Phi^T y``, ``Phi^T 1``:
+  :func:`reduce_stats_` all-reduces (sums) them in place, and gradient contributions computed from
+  a rank's own rows are multiplied by :func:`local_grad_scale` because the trainer averages
+  gradients over ranks. Full-batch models declare support with ``distributed_full_batch = True``
+  and are stepped through their own ``_step`` with a manual gradient all-reduce (no DDP wrapper,
+  since the two-pass step calls ``backward`` several times).
+
+Losses that couple all pairs of points of a batch (SoftKI's batch marginal likelihood, ``b x b``)
+cannot be split this way: each rank uses its shard (``b / W`` points) as its batch and the update
+is the weighted average of the ``W`` shard gradients -- single-process SoftKI with batch size
+``b / W`` and gradient accumulation over ``W`` batches. Models that need all the data per step and
+have no statistics to reduce (exact GP, CaGP) refuse to train distributed.
+
+Data that does not fit one process: :func:`fit_sharded` trains on per-rank shards (each rank
+passes only its own rows, e.g. read lazily with :mod:`gpcore.data.parquet_stream`), with global
+input/target scalers from all-reduced moments. Full-batch statistics are then exact; mini-batches
+are drawn per rank (a rank-seeded permutation of its rows cut into ``ceil(n / batch_size)``
+batches per epoch), which matches single-process training in distribution, not batch by batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpcore.errors import ConfigError, InputError
+
+__all__ = [
+    "DistContext",
+    "batch_max",
+    "current",
+    "fit_sharded",
+    "init_distributed",
+    "is_active",
+    "local_grad_scale",
+    "rank",
+    "reduce_stats_",
+    "session",
+    "shutdown",
+    "world_size",
+]
+
+
+@dataclass
+class DistContext:
+    """Who this process is in a distributed job, and how to talk to the others.
+
+    Attributes
+    ----------
+    rank, world_size, local_rank : torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``.
+    backend : ``"nccl"`` or ``"gloo"``.
+    device : the device this process trains on (``cuda:LOCAL_RANK`` with NCCL, else CPU).
+    group : process group used by the model-level reductions (:func:`batch_max`,
+        :func:`reduce_stats_`); separate from DDP's so their collectives never interleave.
+    sharded : the data handed to ``fit`` is this rank's shard (:func:`fit_sharded`), not a copy
+        of the full training set.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    backend: str = "gloo"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    group: Any = None
+    sharded: bool = False
+    # set by the trainer around one optimisation step
+    in_step: bool = False
+    empty_shard: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def data_is_shard(self) -> bool:
+        """Whether the data a model is looking at right now is this rank's part of a larger set."""
+        return self.world_size > 1 and (self.in_step or self.sharded)
+
+
+_CURRENT: DistContext | None = None
+
+
+def current() -> DistContext | None:
+    """The active :class:`DistContext` (inside :func:`session`), else ``None``."""
+    return _CURRENT
+
+
+def is_active() -> bool:
+    """Whether a distributed session with more than one process is active."""
+    return _CURRENT is not None and _CURRENT.world_size > 1
+
+
+def world_size() -> int:
+    return _CURRENT.world_size if _CURRENT is not None else 1
+
+
+def rank() -> int:
+    return _CURRENT.rank if _CURRENT is not None else 0
+
+
+@contextlib.contextmanager
+def session(ctx: DistContext | None, sharded: bool | None = None) -> Iterator[DistContext | None]:
+    """Activate ``ctx`` so that ``GPModel.fit`` / :func:`gpcore.train.train` train across ranks."""
+    global _CURRENT
+    prev = _CURRENT
+    prev_sharded = ctx.sharded if ctx is not None else None
+    if ctx is not None and sharded is not None:
+        ctx.sharded = sharded
+    _CURRENT = ctx
+    try:
+        yield ctx
+    finally:
+        _CURRENT = prev
+        if ctx is not None:
+            ctx.sharded = prev_sharded
+            ctx.in_step = False
+            ctx.empty_shard = False
+
+
+@contextlib.contextmanager
+def step_scope(ctx: DistContext, empty: bool = False):
+    """Mark one optimisation step: the batch a model sees is this rank's shard of a global batch."""
+    ctx.in_step, ctx.empty_shard = True, empty
+    try:
+        yield
+    finally:
+        ctx.in_step, ctx.empty_shard = False, False
+
+
+# --------------------------------------------------------------------------------------------
+# process groups
+# --------------------------------------------------------------------------------------------
+
+
+def auto_backend() -> str:
+    """``"nccl"`` when CUDA GPUs and NCCL are available, else ``"gloo"``."""
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_distributed(backend: str = "auto", timeout_s: float = 1800.0) -> DistContext:
+    """Join the job torchrun started (reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_*``).
+
+    ``backend="auto"`` picks NCCL on GPUs (and binds this process to GPU ``LOCAL_RANK``) and gloo
+    on CPUs. Reuses an already initialised default group. Raises :class:`ConfigError` when the
+    process was not started by torchrun.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise ConfigError("this PyTorch build has no torch.distributed; install a standard build")
+    if not dist.is_initialized():
+        if not launched_by_torchrun():
+            raise ConfigError(
+                "--distributed needs the environment torchrun sets up (RANK, WORLD_SIZE, MASTER_ADDR, ...); "
+                "launch with: torchrun --nproc_per_node=N -m gpcore fit ... --distributed"
+            )
+        backend = auto_backend() if backend == "auto" else backend
+        if torch.cuda.is_available():  # one GPU per process; models on device "auto" use it
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    backend = dist.get_backend()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    group = dist.new_group(backend=backend)
+    return DistContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        backend=backend,
+        device=device,
+        group=group,
+    )
+
+
+def shutdown() -> None:
+    """Leave the process group (no-op when none is initialised)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _comm_device(ctx: DistContext) -> torch.device:
+    return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+
+
+def barrier(ctx: DistContext | None = None) -> None:
+    import torch.distributed as dist
+
+    ctx = ctx or _CURRENT
+    if ctx is None or ctx.world_size == 1:
+        return
+    if ctx.backend == "nccl":
+        dist.barrier(group=ctx.group, device_ids=[ctx.device.index])
+    else:
+        dist.barrier(group=ctx.group)
+
+
+# --------------------------------------------------------------------------------------------
+# model hooks
+# --------------------------------------------------------------------------------------------
+
+
+class _GlobalMax(torch.autograd.Function):
+    """Max over the global batch; gradient to the owning rank, summed over ranks."""
+
+    @staticmethod
+    def forward(fctx, local_max: torch.Tensor, dctx: DistContext, exclude: bool):
+        import torch.distributed as dist
+
+        val = local_max.detach().reshape(1).clone()
+        if exclude:
+            val.fill_(-math.inf)
+        parts = [torch.empty_like(val) for _ in range(dctx.world_size)]
+        dist.all_gather(parts, val, group=dctx.group)
+        allv = torch.cat(parts)
+        owner = torch.argmax(allv)  # first (lowest-rank) maximum; stays on the device, no sync
+        fctx.dctx = dctx
+        fctx.save_for_backward(owner)
+        return allv.max().reshape(local_max.shape).to(local_max.dtype)
+
+    @staticmethod
+    def backward(fctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        (owner,) = fctx.saved_tensors
+        dctx = fctx.dctx
+        total = grad.detach().clone().contiguous()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=dctx.group)
+        mine = (owner == dctx.rank).to(total.dtype)
+        return total * mine, None, None
+
+
+def batch_max(t: torch.Tensor) -> torch.Tensor:
+    """Maximum of ``t`` over the *global* batch (a scalar).
+
+    Single process, or outside a distributed training step: ``t.max()``. Inside one: the maximum
+    over all ranks' shards of the global batch; the gradient reaches only the rank owning the
+    arg-max (lowest rank on ties), which gets the upstream gradients of all ranks summed, so that
+    the averaged parameter gradient equals the single-process gradient of ``max``.
+    """
+    ctx = _CURRENT
+    local = t.max()
+    if ctx is None or ctx.world_size == 1 or not ctx.in_step:
+        return local
+    return _GlobalMax.apply(local, ctx, ctx.empty_shard)
+
+
+def reduce_stats_(*tensors: torch.Tensor, count: int | None = None) -> int | None:
+    """Sum additive statistics over ranks, in place, when the data they were computed from is a shard.
+
+    Call it on sums over rows (``Phi^T Phi``, ``Phi^T y``, ``y^T y``, ...) right after computing
+    them from the rows a model was handed. ``count`` (the number of those rows) is summed too and
+    returned (unchanged without an active distributed session). One all-reduce of one buffer.
+    """
+    ctx = _CURRENT
+    if ctx is None or not ctx.data_is_shard:
+        return count
+    import torch.distributed as dist
+
+    dev = _comm_device(ctx)
+    flat = [t.detach().reshape(-1).to(device=dev, dtype=torch.float64) for t in tensors]
+    if count is not None:
+        flat.append(torch.tensor([float(count) if not ctx.empty_shard else 0.0], dtype=torch.float64, device=dev))
+    if ctx.empty_shard:
+        flat = [torch.zeros_like(f) for f in flat[: len(tensors)]] + flat[len(tensors) :]
+    buf = torch.cat(flat)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=ctx.group)
+    off = 0
+    with torch.no_grad():
+        for t in tensors:
+            k = t.numel()
+            t.copy_(buf[off : off + k].reshape(t.shape).to(device=t.device, dtype=t.dtype))
+            off += k
+    if count is not None:
+        return int(round(float(buf[off].item())))
+    return None
+
+
+def local_grad_scale() -> float:
+    """Factor for gradient contributions a model computes from its own rows (``W`` on a shard, else 1).
+
+    The trainer *averages* gradients over ranks (like DDP); a contribution that must be *summed*
+    over ranks (the second pass of the chunked exact-MML step) is therefore multiplied by ``W``.
+    """
+    ctx = _CURRENT
+    return float(ctx.world_size) if ctx is not None and ctx.data_is_shard else 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# trainer support
+# --------------------------------------------------------------------------------------------
+
+
+class _LossModule(nn.Module):
+    """Adapter so DDP sees ``model.module_``'s parameters and a forward returning the loss."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model.module_
+        self._model = [model]  # not registered as a submodule
+
+    def forward(self, xb, yb, n):
+        return self._model[0]._loss(xb, yb, n)
+
+
+def check_supported(model) -> None:
+    """Raise :class:`ConfigError` for a model that cannot train distributed."""
+    if model.full_batch and not getattr(model, "distributed_full_batch", False):
+        raise ConfigError(
+            f"{model.registry_name} trains on all the data at every step and has no distributed form; "
+            "drop --distributed (or use a mini-batch model such as dbk, svgp, softki or solvegp)"
+        )
+
+
+def broadcast_module(module: nn.Module, ctx: DistContext) -> None:
+    """Copy rank 0's parameters and buffers to every rank."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            if ctx.backend == "nccl" or t.device.type == "cpu":
+                dist.broadcast(t.data, src=0, group=ctx.group)
+            else:  # pragma: no cover - gloo with CUDA tensors
+                tmp = t.data.cpu()
+                dist.broadcast(tmp, src=0, group=ctx.group)
+                t.data.copy_(tmp)
+
+
+def average_gradients(params: list[torch.Tensor], ctx: DistContext) -> None:
+    """All-reduce the mean of the gradients of ``params`` over ranks (one flat buffer)."""
+    import torch.distributed as dist
+
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    dev = grads[0].device
+    buf = torch.cat([g.reshape(-1).to(torch.float64) for g in grads])
+    if ctx.backend != "nccl" and dev.type != "cpu":  # pragma: no cover
+        buf = buf.cpu()
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=ctx.group)
+    buf = buf.to(dev) / ctx.world_size
+    off = 0
+    for p, g in zip(params, grads, strict=True):
+        k = g.numel()
+        p.grad = buf[off : off + k].reshape(g.shape).to(g.dtype)
+        off += k
+
+
+class DistributedSteps:
+    """How :func:`gpcore.train.train` runs batches on one rank of a distributed job.
+
+    Replicated data: each global batch (the single-process trainer's) is split ``batch[rank::W]``.
+    Sharded data: each rank permutes its own rows (seeded by ``seed`` and rank) and cuts them into
+    the same number of batches per epoch as a single process would have.
+    """
+
+    def __init__(self, model, ctx: DistContext, n_local: int, batch_size: int, full: bool, seed: int, probe=None):
+        import torch.distributed as dist
+
+        self._probe = probe  # (xb, yb, n): a few local rows to find unused parameters before wrapping in DDP
+        self.model = model
+        self.ctx = ctx
+        self.W = ctx.world_size
+        self.full = full
+        self.n_local = n_local
+        dev = _comm_device(ctx)
+        if ctx.sharded:
+            counts = torch.tensor([float(n_local)], dtype=torch.float64, device=dev)
+            parts = [torch.empty_like(counts) for _ in range(self.W)]
+            dist.all_gather(parts, counts, group=ctx.group)
+            self.counts = [int(p.item()) for p in parts]
+            self.n_global = sum(self.counts)
+            self.steps = 1 if full else max(1, math.ceil(self.n_global / batch_size))
+            self.gen = torch.Generator().manual_seed(seed * 1000003 + ctx.rank)
+        else:
+            self.counts = None
+            self.n_global = n_local
+            self.gen = torch.Generator().manual_seed(seed)
+        self.batch_size = batch_size
+        self.manual = model.full_batch  # full-batch models step themselves (two-pass statistics)
+        self.ddp = None
+        if not self.manual:
+            self.ddp = self._wrap_ddp()
+        else:
+            broadcast_module(model.module_, ctx)
+
+    def _wrap_ddp(self):
+        import inspect
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapper = _LossModule(self.model)
+        kwargs: dict = {"find_unused_parameters": self._has_unused_parameters()}
+        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+            kwargs["forward_sync_buffers"] = False  # buffers are prediction caches, not training state
+        else:  # pragma: no cover - older torch
+            kwargs["broadcast_buffers"] = False
+        if self.ctx.backend == "nccl":
+            kwargs["device_ids"] = [self.ctx.device.index]
+        return DDP(wrapper, **kwargs)
+
+    def _has_unused_parameters(self) -> bool:
+        """Probe the loss once (RNG state restored) to see whether DDP must look for unused parameters."""
+        import torch.distributed as dist
+
+        model, ctx = self.model, self.ctx
+        params = [p for p in model.module_.parameters() if p.requires_grad]
+        if self._probe is None:
+            return True
+        xb, yb, n = self._probe
+        cpu_state = torch.get_rng_state()
+        cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            with step_scope(ctx):
+                loss = model._loss(xb, yb, n)
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+        finally:
+            torch.set_rng_state(cpu_state)
+            if cuda_state is not None:
+                torch.cuda.set_rng_state_all(cuda_state)
+        flag = torch.tensor([1.0 if any(g is None for g in grads) else 0.0], device=_comm_device(ctx))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
+        return bool(flag.item() > 0)
+
+    # ----------------------------------------------------------------- batches
+    def epoch_batches(self, device) -> list[tuple[torch.Tensor, int, int]]:
+        """``(local_index, b_local, b_global)`` per step of the coming epoch."""
+        if not self.ctx.sharded:
+            if self.full:
+                idx = torch.arange(self.n_local, device=device)
+                return [(idx[self.ctx.rank :: self.W], len(range(self.ctx.rank, self.n_local, self.W)), self.n_local)]
+            perm = torch.randperm(self.n_local, generator=self.gen).to(device)
+            out = []
+            for gb in torch.split(perm, self.batch_size):
+                b = gb.shape[0]
+                out.append((gb[self.ctx.rank :: self.W], len(range(self.ctx.rank, b, self.W)), b))
+            return out
+        if self.full:
+            return [(torch.arange(self.n_local, device=device), self.n_local, self.n_global)]
+        perm = torch.randperm(self.n_local, generator=self.gen).to(device)
+        sizes = [_split_sizes(c, self.steps) for c in self.counts]
+        locs = torch.tensor_split(perm, self.steps)
+        return [(locs[k], sizes[self.ctx.rank][k], sum(s[k] for s in sizes)) for k in range(self.steps)]
+
+    # ----------------------------------------------------------------- one step
+    def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int) -> torch.Tensor:
+        """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached)."""
+        empty = b_local == 0
+        if empty:  # keep every rank in the collectives; contributes nothing
+            xb, yb = Xs[:1], ys[:1]
+        else:
+            xb, yb = Xs[local_idx], ys[local_idx]
+        share = b_local / b_global
+        with step_scope(self.ctx, empty=empty):
+            if self.manual:
+                loss = self.model._step(xb, yb, n)
+                average_gradients(list(self.model.module_.parameters()), self.ctx)
+            else:
+                loss = self.ddp(xb, yb, n)
+                (loss * (self.W * share)).backward()
+                loss = loss.detach()
+        return loss * share
+
+    def reduce_epoch_total(self, total: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        buf = total.reshape(1).to(_comm_device(self.ctx))
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.ctx.group)
+        return buf.reshape(()).to(total.device)
+
+    # ----------------------------------------------------------------- epoch-level agreement
+    def validation_metrics(self, Xs, ys, Xv, yv) -> tuple[float, float]:
+        """Validation NLL / RMSE over all ranks' validation rows (replicated: the strided shard)."""
+        import torch.distributed as dist
+
+        from gpcore.models.linalg import gaussian_nll
+
+        model = self.model
+        with torch.no_grad():
+            if model.needs_finalize:
+                model.finalize(Xs, ys)
+            if not self.ctx.sharded:
+                Xv, yv = Xv[self.ctx.rank :: self.W], yv[self.ctx.rank :: self.W]
+            mean, var_f = model.predict_scaled(Xv)
+            var_y = var_f + model._noise_s()
+            stats = torch.stack(
+                [
+                    gaussian_nll(yv, mean, var_y).double().sum(),
+                    (yv - mean).double().pow(2).sum(),
+                    torch.tensor(float(yv.shape[0]), dtype=torch.float64, device=mean.device),
+                ]
+            ).to(_comm_device(self.ctx))
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=self.ctx.group)
+        s_nll, s_se, cnt = (float(v) for v in stats.cpu())
+        cnt = max(cnt, 1.0)
+        return s_nll / cnt + math.log(model.y_std_), math.sqrt(s_se / cnt) * model.y_std_
+
+    def agree(self, *flags: bool) -> list[bool]:
+        """Rank 0's flags (cancel, out of time, ...) on every rank."""
+        import torch.distributed as dist
+
+        buf = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64, device=_comm_device(self.ctx))
+        dist.broadcast(buf, src=0, group=self.ctx.group)
+        return [bool(v > 0.5) for v in buf.cpu()]
+
+    def close(self) -> None:
+        self.ddp = None
+
+
+def _split_sizes(n: int, k: int) -> list[int]:
+    """Chunk sizes of ``torch.tensor_split`` of ``n`` items into ``k`` chunks."""
+    q, r = divmod(n, k)
+    return [q + 1 if i < r else q for i in range(k)]
+
+
+# --------------------------------------------------------------------------------------------
+# fitting on per-rank shards
+# --------------------------------------------------------------------------------------------
+
+
+def _global_scalers(ctx: DistContext, X: np.ndarray, y: np.ndarray):
+    """Training bounds, target mean and (population) sd over all ranks' rows."""
+    import torch.distributed as dist
+
+    d = X.shape[1]
+    dev = _comm_device(ctx)
+    big = np.finfo(np.float64).max
+    lo = torch.tensor(X.min(axis=0) if len(X) else np.full(d, big), dtype=torch.float64, device=dev)
+    hi = torch.tensor(X.max(axis=0) if len(X) else np.full(d, -big), dtype=torch.float64, device=dev)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=ctx.group)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=ctx.group)
+    s = torch.tensor([float(y.sum()), float(len(y))], dtype=torch.float64, device=dev)
+    dist.all_reduce(s, op=dist.ReduceOp.SUM, group=ctx.group)
+    n = int(s[1].item())
+    mean = float(s[0]) / max(n, 1)
+    ss = torch.tensor([float(((y - mean) ** 2).sum())], dtype=torch.float64, device=dev)
+    dist.all_reduce(ss, op=dist.ReduceOp.SUM, group=ctx.group)
+    sd = math.sqrt(float(ss[0]) / max(n, 1))
+    return lo.cpu().numpy(), hi.cpu().numpy(), mean, sd, n
+
+
+def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None = None, ctx: DistContext | None = None):
+    """``model.fit`` where every rank passes only *its own* rows (``X``, ``y``; optional validation rows).
+
+    Scalers come from all-reduced moments, so every rank scales identically; the initial
+    parameters are rank 0's. Full-batch statistics (exact DBK-MML) are exact over all rows.
+    Returns the fitted model (identical on every rank). The callback runs on rank 0 only.
+    """
+    from gpcore.models.base import as_1d_float, as_2d_float
+    from gpcore.train import train
+
+    ctx = ctx or _CURRENT
+    if ctx is None:
+        raise ConfigError("fit_sharded needs a distributed context: ctx = init_distributed()")
+    X = as_2d_float(X, "X")
+    y = as_1d_float(y, X.shape[0], "y")
+    if X.shape[0] == 0:
+        raise InputError(f"rank {ctx.rank} got no training rows; give every rank at least one row")
+    if X_val is None or y_val is None:
+        X_val, y_val = np.empty((0, X.shape[1])), np.empty(0)
+    X_val = as_2d_float(X_val, "X_val", d=X.shape[1]).reshape(-1, X.shape[1])
+    y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
+    torch.manual_seed(model.config.seed)
+    np.random.seed(model.config.seed)
+    lo, hi, mean, sd, n = _global_scalers(ctx, X, y)
+    if n < 2:
+        raise InputError(f"need at least 2 training points over all ranks, got {n}")
+    span = np.where(hi - lo > 0, hi - lo, 1.0)
+    model.d_ = X.shape[1]
+    model.n_train_ = n
+    model.x_lo_, model.x_span_ = lo, span
+    model.y_mean_ = mean
+    model.y_std_ = sd if sd > 0 else 1.0
+    Xs, ys = model.scale_x(X), model.scale_y(y)
+    import torch.distributed as dist
+
+    nv = torch.tensor([float(len(y_val))], dtype=torch.float64, device=_comm_device(ctx))
+    dist.all_reduce(nv, group=ctx.group)  # every rank must agree on whether there is validation data
+    Xv, yv = (model.scale_x(X_val), model.scale_y(y_val)) if nv.item() > 0 else (None, None)
+    model.module_ = model._build(model.d_, Xs, ys).to(device=model.device, dtype=model.dtype)
+    broadcast_module(model.module_, ctx)
+    import time
+
+    t0 = time.perf_counter()
+    with session(ctx, sharded=True):
+        model.history_, model.train_info_ = train(model, Xs, ys, Xv, yv, callback)
+        model.finalize(Xs, ys)
+    model.train_info_["fit_seconds"] = time.perf_counter() - t0
+    model.train_info_["world_size"] = ctx.world_size
+    model.fitted_ = True
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# runs (``python -m gpcore fit ... --distributed``)
+# --------------------------------------------------------------------------------------------
+
+
+def execute_run_distributed(cfg, out_dir, callback=None, log=None):
+    """:func:`gpcore.runs.execute_run` under torchrun: every rank loads the data and trains its shard
+    of each global batch; rank 0 alone evaluates, predicts the grid and writes the run directory.
+
+    Returns the run directory on rank 0 and ``None`` on the other ranks. The non-zero ranks make
+    the same ``fit`` call as ``execute_run`` (training rows, validation rows, model settings).
+    """
+    from gpcore.models.base import make_model
+    from gpcore.runs import execute_run, prepare
+
+    ctx = init_distributed()
+    try:
+        prep = prepare(cfg)
+        with session(ctx):
+            if ctx.is_main:
+                if log is not None:
+                    log(f"distributed training: {ctx.world_size} processes, backend {ctx.backend}")
+                return execute_run(cfg, out_dir, callback=callback, prepared=prep, log=log)
+            model = make_model(cfg.model, **cfg.model_settings())
+            check_supported(model)
+            model.fit(
+                prep.X[prep.train_idx],
+                prep.y[prep.train_idx],
+                prep.X[prep.val_idx],
+                prep.y[prep.val_idx],
+            )
+            return None
+    finally:
+        shutdown()
