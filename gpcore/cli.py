@@ -3,6 +3,8 @@
     python -m gpcore fit --data FILE --x lon,lat --y COLUMN [--transform log10] --model dbk \\
         [--set key=value ...] --out RUN_DIR
     python -m gpcore predict RUN_DIR --data FILE --out predictions.parquet
+    python -m gpcore predict RUN_DIR --grid-region state:MO --cells 10000000 --out mo.tif   # streamed
+    torchrun --nproc_per_node=N -m gpcore fit ... --distributed
     python -m gpcore evaluate RUN_DIR --data FILE
     python -m gpcore compare --data FILE --y COL --models dbk-rbf,svgp --strata county_metro --out DIR
     python -m gpcore data inspect FILE
