@@ -1,7 +1,52 @@
-"""Uncertainty Atlas dashboard (placeholder until the dashboard lands)."""
+"""Uncertainty Atlas dashboard: ``streamlit run app/main.py``.
 
-import streamlit as st
+A thin multipage Streamlit layer over :mod:`gpcore` (pages in ``app/app_pages/``). The sidebar
+shows the active data set, the runs trained so far and the device in use. Data set, run, map
+and the kernel-slice reference point live in the URL, so a copied link reopens the same view.
+"""
 
-st.set_page_config(page_title="Uncertainty Atlas", layout="wide")
-st.title("Uncertainty Atlas")
-st.write("The dashboard is being built. Use `python -m gpcore --help` for the headless tools.")
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+_T0 = time.perf_counter()
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ on the path, not the repository
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import state  # noqa: E402
+from app.jobs import configure_torch_threads  # noqa: E402
+from app.sidebar import active_data, render_sidebar  # noqa: E402
+
+PAGES = Path(__file__).resolve().parent / "app_pages"
+ASSETS = ROOT / "assets"
+
+st.set_page_config(page_title="Uncertainty Atlas", page_icon=str(ASSETS / "logo.svg"), layout="wide")
+css = ASSETS / "style.css"
+if css.is_file():
+    st.html(f"<style>{css.read_text()}</style>")
+
+configure_torch_threads()
+state.init_session()
+page = st.navigation(
+    [
+        st.Page(PAGES / "data.py", title="Data", icon=":material/database:", url_path="data", default=True),
+        st.Page(PAGES / "train.py", title="Train", icon=":material/model_training:", url_path="train"),
+        st.Page(PAGES / "maps.py", title="Maps", icon=":material/map:", url_path="maps"),
+        st.Page(PAGES / "compare.py", title="Compare", icon=":material/leaderboard:", url_path="compare"),
+        st.Page(PAGES / "export.py", title="Export", icon=":material/download:", url_path="export"),
+    ]
+)
+st.session_state.ua_data = active_data()
+st.session_state.ua_runs = render_sidebar(st.session_state.ua_data)
+try:
+    page.run()
+finally:  # also after st.stop() on a page
+    state.sync_query()
+    # server time of this script run (read by benchmarks/bench_app.py)
+    st.session_state.ua_script_ms = 1000 * (time.perf_counter() - _T0)

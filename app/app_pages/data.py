@@ -1,0 +1,261 @@
+"""Data: pick a bundled sample or upload a file, map its columns, choose transform and strata."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import cache, mapview, state
+from app.colors import legend_html
+from gpcore.errors import GPCoreError
+
+UPLOAD_TYPES = ["csv", "tsv", "txt", "parquet", "geoparquet", "geojson", "json", "gpkg", "zip"]
+TRANSFORMS = ["identity", "log10", "log"]
+STRATA_KINDS = {
+    "county_metro": "Bundled counties: metro / non-metro (USDA RUCC 2023)",
+    "column": "A column of the data",
+    "polygons": "An uploaded polygon layer (inside = urban)",
+    "none": "No strata",
+}
+AUTO = "(auto-detect)"
+NONE = "(none)"
+
+
+def _strata_kind(spec: state.DatasetSpec) -> str:
+    if not spec.strata:
+        return "none"
+    if spec.strata.startswith("column:"):
+        return "column"
+    if spec.strata.startswith("polygons:"):
+        return "polygons"
+    return "county_metro"
+
+
+def source_picker(active: state.DatasetSpec) -> str | None:
+    """Sample or upload; returns the chosen ``source`` (None while an upload is missing or unusable)."""
+    from gpcore.data import SAMPLES
+
+    ss = st.session_state
+    kind = st.radio(
+        "Source", ["Bundled sample", "Upload a file"], horizontal=True, key="w_src_kind",
+        index=0 if active.sample_key else 1,
+    )
+    if kind == "Bundled sample":
+        keys = [k for k in SAMPLES if k != "synthetic"] + [k for k in SAMPLES if k == "synthetic"]
+        current = active.sample_key if active.sample_key in keys else keys[0]
+        key = st.selectbox(
+            "Data set", keys, index=keys.index(current), format_func=lambda k: SAMPLES[k].label, key="w_sample"
+        )
+        st.caption(SAMPLES[key].description)
+        return state.SAMPLE_PREFIX + key
+    upload = st.file_uploader(
+        "CSV, Parquet, GeoJSON, GeoPackage or zipped Shapefile", type=UPLOAD_TYPES, key="w_upload",
+        help="Point measurements with coordinates (lon/lat columns, a geometry, or Ookla quadkeys) "
+        "and a numeric target.",
+    )
+    if upload is None:
+        if not active.sample_key:
+            return active.source
+        st.caption("The active data set stays until a new file is read without errors.")
+        return None
+    ref = state.save_upload(upload.name, upload.getvalue())
+    try:
+        cache.st_inspect(ref)
+    except GPCoreError as exc:
+        st.error(f"**{upload.name}** cannot be used: {exc}")
+        st.caption("The previous data set and all runs are kept.")
+        return None
+    ss.ua_last_upload = ref
+    return ref
+
+
+def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec | None:
+    """Coordinate, target, weight and time columns (auto-detected, editable), period, transform, strata."""
+    from gpcore.data import SAMPLES
+
+    try:
+        ins = cache.st_inspect(source)
+    except GPCoreError as exc:
+        st.error(str(exc))
+        return None
+    same = source == active.source
+    base = active if same else (
+        state.DatasetSpec.for_sample(source[len(state.SAMPLE_PREFIX):]) if source.startswith(state.SAMPLE_PREFIX)
+        else state.DatasetSpec(source=source, quarter=None, y="", transform="identity", strata=None)
+    )
+    cols = ins.columns
+    sfx = source.replace("/", "_")
+    c1, c2 = st.columns(2)
+    with c1:
+        opts = [AUTO, *cols]
+        lon = st.selectbox("Longitude column", opts, index=opts.index(base.lon) if base.lon in cols else 0,
+                           key=f"w_lon_{sfx}", help=f"Auto-detected: {ins.lon or 'none (geometry or quadkeys)'}")
+        lat = st.selectbox("Latitude column", opts, index=opts.index(base.lat) if base.lat in cols else 0,
+                           key=f"w_lat_{sfx}", help=f"Auto-detected: {ins.lat or 'none (geometry or quadkeys)'}")
+    numeric = ins.numeric
+    if not numeric:
+        st.error("The file has no numeric column to model; add one (e.g. a speed or a concentration).")
+        return None
+    default_y = base.y if base.y in numeric else _guess_target(numeric)
+    with c2:
+        y = st.selectbox("Target column", numeric, index=numeric.index(default_y), key=f"w_y_{sfx}")
+        w_opts = [NONE, *numeric]
+        weight = st.selectbox("Weight column (optional)", w_opts,
+                              index=w_opts.index(base.weight) if base.weight in numeric else 0, key=f"w_weight_{sfx}")
+    c3, c4 = st.columns(2)
+    with c3:
+        t_opts = [AUTO, NONE, *cols]
+        t_index = t_opts.index(base.time) if base.time in cols else 0
+        time = st.selectbox("Time column (optional)", t_opts, index=t_index, key=f"w_time_{sfx}",
+                            help=f"Auto-detected: {ins.time or 'none'}")
+        time_col = ins.time if time == AUTO else (None if time == NONE else time)
+        quarter = None
+        if time_col:
+            periods = ["all", *sorted({q[:4] for q in ins.quarters}), *ins.quarters]
+            default_q = base.quarter if base.quarter in periods else (
+                SAMPLES[base.sample_key].default_quarter if base.sample_key in SAMPLES else None) or "all"
+            if default_q not in periods:
+                default_q = "all"
+            q = st.selectbox("Period", periods, index=periods.index(default_q), key=f"w_quarter_{sfx}",
+                             help="A year keeps its four quarters; 'all' keeps every record.")
+            quarter = None if q == "all" else q
+    with c4:
+        default_t = base.transform if base.transform in TRANSFORMS else "identity"
+        transform = st.selectbox("Target transform", TRANSFORMS, index=TRANSFORMS.index(default_t), key=f"w_tr_{sfx}",
+                                 help="Models train on the transformed target; maps show the original units.")
+    strata = strata_picker(base, cols, sfx)
+    if strata is False:
+        return None
+    return state.DatasetSpec(
+        source=source,
+        quarter=quarter,
+        y=y,
+        transform=transform,
+        lon=None if lon == AUTO else lon,
+        lat=None if lat == AUTO else lat,
+        weight=None if weight == NONE else weight,
+        time=None if time in (AUTO, NONE) else time,
+        strata=strata,
+    )
+
+
+def _guess_target(numeric: list[str]) -> str:
+    for name in ("download_mbps", "value", "target", "y"):
+        if name in numeric:
+            return name
+    return numeric[0]
+
+
+def strata_picker(base: state.DatasetSpec, cols: list[str], sfx: str):
+    """The strata source; returns the ``strata`` string, None, or False when an upload is unusable."""
+    kinds = list(STRATA_KINDS)
+    kind = st.radio("Strata (urban / rural split for the metrics and violins)", kinds,
+                    index=kinds.index(_strata_kind(base)), format_func=STRATA_KINDS.get, key=f"w_strata_{sfx}")
+    if kind == "none":
+        return None
+    if kind == "county_metro":
+        return "county_metro"
+    if kind == "column":
+        current = base.strata.split(":", 1)[1] if base.strata and base.strata.startswith("column:") else None
+        default = current if current in cols else ("county_metro" if "county_metro" in cols else cols[0])
+        col = st.selectbox("Strata column", cols, index=cols.index(default), key=f"w_strata_col_{sfx}")
+        return f"column:{col}"
+    up = st.file_uploader("Polygon layer (GeoJSON, GeoPackage, zipped Shapefile)",
+                          type=["geojson", "json", "gpkg", "zip", "parquet"], key="w_strata_upload")
+    if up is None:
+        if base.strata and base.strata.startswith("polygons:"):
+            return base.strata
+        st.info("Upload a polygon layer, e.g. Census urban areas.")
+        return False
+    ref = state.save_upload(up.name, up.getvalue())
+    try:
+        from gpcore.data import read_polygons
+
+        read_polygons(state.source_path(ref))
+    except GPCoreError as exc:
+        st.error(f"**{up.name}** cannot be used as strata: {exc}")
+        return False
+    return f"polygons:{ref}"
+
+
+def load_button(spec: state.DatasetSpec | None, active: state.DatasetSpec) -> None:
+    changed = spec is not None and spec != active
+    if st.button("Use this data set", type="primary", disabled=not changed, key="w_load_data"):
+        try:
+            cache.st_load_dataset(spec)
+        except GPCoreError as exc:
+            st.error(str(exc))
+            st.caption("The previous data set and all runs are kept.")
+            return
+        state.set_dataset(spec)
+        st.session_state.ua_xref = None
+        st.session_state.ua_flash = f"Loaded {spec.label()}."
+        st.rerun()
+    if not changed and spec is not None:
+        st.caption("These settings are the active data set.")
+
+
+def summary(data: cache.LoadedData) -> None:
+    rep = data.report
+    st.subheader(data.spec.label())
+    c = st.columns(4)
+    c[0].metric("Rows used", f"{data.n:,}")
+    c[1].metric("Rows read", f"{getattr(rep, 'rows_read', data.n):,}")
+    dropped = sum(d.count for d in getattr(rep, "dropped", []) or [])
+    c[2].metric("Rows dropped", f"{dropped:,}")
+    c[3].metric("Strata", f"{len(data.strata_counts) or '–'}", help="groups used for per-stratum metrics")
+    st.markdown(f"Target `{data.spec.y}` ({data.units or 'units unknown'}), transform `{data.spec.transform}`")
+    if rep is not None and rep.dropped:
+        st.markdown("**Dropped rows and why**")
+        st.dataframe(
+            pd.DataFrame([{"rows": d.count, "reason": d.reason, "first rows": ", ".join(map(str, d.rows))}
+                          for d in rep.dropped]),
+            hide_index=True, width="stretch",
+        )
+    counts = data.strata_counts
+    if counts:
+        label = data.frame.attrs.get("strata_label", "strata")
+        total = sum(counts.values()) or 1
+        st.markdown(f"**Strata** — {label}")
+        st.dataframe(
+            pd.DataFrame([{"stratum": k, "points": v, "share": f"{100 * v / total:.1f}%"} for k, v in counts.items()]),
+            hide_index=True, width="stretch",
+        )
+    with st.expander("Read report", expanded=False):
+        st.code(rep.to_text() if rep is not None else "(no report)", language=None)
+
+
+def measurement_map(data: cache.LoadedData) -> None:
+    scale, title = mapview.measurement_scale(data, "viridis")
+    region_json, bounds = cache.st_region_outline(data.state, data.data_hash, _frame=data.frame)
+    deck = mapview.points_deck(data, scale, mapview.outline_layers(region_json, None), bounds=bounds, width_px=620)
+    st.pydeck_chart(deck, height=deck.map_height, key="data_map")
+    st.html(legend_html(scale, title))
+    if data.spec.sample_key:
+        from gpcore.data import SAMPLES
+
+        info = SAMPLES.get(data.spec.sample_key)
+        if info is not None and info.attribution:
+            st.caption(info.attribution)
+
+
+def page() -> None:
+    ss = st.session_state
+    st.title("Data")
+    flash = ss.pop("ua_flash", None)
+    if flash:
+        st.success(flash)
+    data: cache.LoadedData = ss.ua_data
+    active = data.spec
+    left, right = st.columns([2, 3], gap="large")
+    with left:
+        st.subheader("Choose a data set")
+        source = source_picker(active)
+        spec = column_mapping(source, active) if source else None
+        load_button(spec, active)
+    with right:
+        summary(data)
+        measurement_map(data)
+
+
+page()

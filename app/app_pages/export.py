@@ -1,0 +1,90 @@
+"""Export: the prediction grid (GeoTIFF, GeoJSON, CSV), the trained model and the run manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import streamlit as st
+
+from app import cache, state
+
+
+def page() -> None:
+    ss = st.session_state
+    st.title("Export")
+    runs = ss.get("ua_runs") or cache.list_runs()
+    if not runs:
+        st.info("No runs yet: train one on the Train page.")
+        return
+    ids = [r.run_id for r in runs]
+    titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
+    state.bind("w_export_run", "ua_run", lambda v: v in ids)
+    ss.ua_run = st.selectbox("Run", ids, format_func=titles.get, key="w_export_run")
+    info = next(r for r in runs if r.run_id == ss.ua_run)
+    path = str(info.path)
+    m = info.manifest
+    stem = f"{info.run_id}"
+    has_grid = (Path(path) / "grid.parquet").is_file()
+
+    st.subheader("Prediction grid")
+    st.caption(
+        "Columns: mean, sd, lower, upper, width in the target's original units and mean_t, sd_t, width_t in "
+        "model space. GeoTIFF: one float32 band per column in the grid's own CRS (one pixel per cell)."
+    )
+    c = st.columns(3)
+    c[0].download_button("GeoTIFF", data=lambda: cache.export_grid_bytes(path, "geotiff"), file_name=f"{stem}.tif",
+                         mime="image/tiff", disabled=not has_grid, on_click="ignore", icon=":material/download:",
+                         key="w_dl_tif")
+    c[1].download_button("GeoJSON", data=lambda: cache.export_grid_bytes(path, "geojson"),
+                         file_name=f"{stem}.geojson", mime="application/geo+json", disabled=not has_grid,
+                         on_click="ignore", icon=":material/download:", key="w_dl_geojson")
+    c[2].download_button("CSV", data=lambda: cache.export_grid_bytes(path, "csv"), file_name=f"{stem}.csv",
+                         mime="text/csv", disabled=not has_grid, on_click="ignore", icon=":material/download:",
+                         key="w_dl_csv")
+
+    st.subheader("Model and manifest")
+    c = st.columns(3)
+    c[0].download_button("Model (zip: model.json + model.safetensors)", data=lambda: cache.model_zip_bytes(path),
+                         file_name=f"{stem}-model.zip", mime="application/zip", on_click="ignore",
+                         icon=":material/download:", key="w_dl_model")
+    c[1].download_button("Run manifest (run.json)", data=(Path(path) / "run.json").read_bytes(),
+                         file_name=f"{stem}-run.json", mime="application/json", on_click="ignore",
+                         icon=":material/download:", key="w_dl_manifest")
+    st.caption("Load the model with `gpcore.load_model('model/')`; reproduce the run with the CLI command below.")
+    cfg = m.get("config", {})
+    st.code(cli_command(cfg), language="bash")
+    summary = {
+        "run_id": m.get("run_id"),
+        "created": m.get("created"),
+        "config": cfg,
+        "seed": cfg.get("seed"),
+        "data": {k: v for k, v in m.get("data", {}).items() if k != "report"},
+        "device": m.get("device"),
+        "versions": m.get("versions"),
+    }
+    st.json(json.loads(json.dumps(summary)), expanded=1)
+
+
+def cli_command(cfg: dict) -> str:
+    """The ``python -m gpcore fit`` command that reproduces a run's configuration."""
+    parts = ["python -m gpcore fit", f"--data {cfg.get('data')}", f"--y {cfg.get('y')}"]
+    if cfg.get("x"):
+        parts.append(f"--x {','.join(cfg['x'])}")
+    for key, flag in (("transform", "--transform"), ("quarter", "--quarter"), ("weight", "--weight"),
+                      ("strata", "--strata")):
+        if cfg.get(key) not in (None, "", "identity"):
+            parts.append(f"{flag} {cfg[key]}")
+    if cfg.get("split", "random") != "random":
+        parts.append(f"--split {cfg['split']} --block-km {cfg.get('block_km', 10.0):g}")
+    parts.append(f"--seed {cfg.get('seed', 0)}")
+    if cfg.get("grid_cell_km"):
+        parts.append(f"--cell-km {cfg['grid_cell_km']:g}")
+    parts.append(f"--model {cfg.get('model')}")
+    for k, v in (cfg.get("settings") or {}).items():
+        parts.append(f"--set {k}={v}")
+    parts.append("--out runs/reproduced")
+    return " \\\n    ".join(parts)
+
+
+page()

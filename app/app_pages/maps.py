@@ -1,0 +1,256 @@
+"""Maps: posterior mean, 95 % PI width and measurements for a run; click a cell for its kernel slice.
+
+Every grid map is a colour bitmap under a transparent pickable cell layer (colours stay true
+when a cell is selected). A click sets the reference point ``x_ref`` (kept in the session and
+the URL, so it survives recolouring and switching maps); the kernel slice ``k(grid, x_ref)``
+is one matrix-vector product with the grid's cached features.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from app import cache, mapview, state
+from app.colors import SCALES, format_number, legend_html
+from app.modelinfo import noise_text, uncertainty_note
+from app.selection import picked_point
+from gpcore.errors import GPCoreError
+
+MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements"}
+SLICE_MODES = {
+    "kernel": "kernel k(x, x_ref)",
+    "correlation": "correlation k / sqrt(k(x,x) k(x_ref,x_ref))",
+    "max": "kernel / max |k| over the grid",
+}
+MAP_SCALES = [s for s in SCALES if s not in ("rdbu", "puor")]
+
+
+def on_pick(key: str) -> None:
+    """Selection callback of a grid map: a picked cell becomes ``x_ref`` (empty selections are ignored)."""
+    hit = picked_point(st.session_state.get(key), "cells")
+    if hit is not None:
+        st.session_state.ua_xref = (hit[0], hit[1])
+
+
+def controls(runs) -> dict:
+    ss = st.session_state
+    ids = [r.run_id for r in runs]
+    titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
+    c = st.columns([5, 4])
+    with c[0]:
+        state.bind("w_maps_run", "ua_run", lambda v: v in ids)
+        ss.ua_run = st.selectbox("Run", ids, format_func=titles.get, key="w_maps_run")
+    with c[1]:
+        state.bind("w_map_kind", "ua_map", lambda v: v in MAP_LABELS)
+        ss.ua_map = st.segmented_control("Map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="w_map_kind") \
+            or ss.ua_map or "mean"
+    c = st.columns([2, 3, 2, 2])
+    with c[0]:
+        scale = st.selectbox("Colour scale", MAP_SCALES, key="w_scale")
+    with c[1]:
+        slice_mode = st.selectbox("Kernel slice", list(SLICE_MODES), format_func=SLICE_MODES.get, key="w_slice_mode")
+    with c[2]:
+        width_units = st.radio("PI width units", ["model", "original"], horizontal=True, key="w_width_units",
+                               format_func=lambda u: {"model": "model space", "original": "original"}[u])
+    with c[3]:
+        strata = st.checkbox("Strata outlines", key="w_strata_outline")
+        basemap = st.checkbox("Basemap (needs network)", value=False, key="w_basemap",
+                              help="Off by default: with no network the map has no tiles; outlines are drawn locally.")
+    c = st.columns([5, 2, 2])
+    with c[0]:
+        ss.ua_side = st.toggle("Second run side by side", value=bool(ss.get("ua_run2")), key="w_side")
+        if ss.ua_side and len(ids) > 1:
+            others = [i for i in ids if i != ss.ua_run]
+            state.bind("w_maps_run2", "ua_run2", lambda v: v in others)
+            ss.ua_run2 = st.selectbox("Second run", others, format_func=titles.get, key="w_maps_run2")
+        elif ss.ua_side:
+            st.caption("Train another run to compare two maps.")
+            ss.ua_run2 = None
+        else:
+            ss.ua_run2 = None
+    with c[1]:
+        shared = st.checkbox("Same colour scale for both runs", value=True, key="w_shared_scale",
+                             disabled=not ss.get("ua_run2"))
+    with c[2]:
+        if ss.get("ua_xref") is not None and st.button("Clear x_ref", key="w_clear_xref"):
+            ss.ua_xref = None
+            st.rerun()
+    return dict(scale=scale, slice_mode=slice_mode, width_units=width_units, strata=strata, basemap=basemap,
+                shared=shared)
+
+
+def run_info(info) -> tuple[cache.RunData, tuple[str, float]]:
+    key = cache.run_key(info)
+    return cache.st_run_data(*key), key
+
+
+def outlines_for(run: cache.RunData, with_strata: bool) -> list[dict]:
+    cfg = run.config
+    state_code = run.manifest.get("data", {}).get("state")
+    region_json = None
+    if state_code:
+        region_json, _ = cache.st_region_outline(state_code, None)
+    strata = cache.st_strata_outlines(cfg.get("strata"), state_code) if with_strata else []
+    return mapview.outline_layers(region_json, strata)
+
+
+def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
+    """The data set a run was trained on, as a :class:`DatasetSpec` (None if its file is gone)."""
+    from pathlib import Path
+
+    cfg = run.config
+    data = cfg.get("data", "")
+    if data.startswith(state.SAMPLE_PREFIX):
+        source = data
+    else:
+        p = Path(data)
+        try:
+            rel = p.resolve().relative_to(state.uploads_dir().resolve())
+            source = f"{state.UPLOAD_PREFIX}{rel.as_posix()}"
+        except ValueError:
+            source = f"file:{p}"
+        if not p.is_file():
+            return None
+    x = cfg.get("x") or [None, None]
+    return state.DatasetSpec(
+        source=source, quarter=cfg.get("quarter"), y=cfg.get("y"), transform=cfg.get("transform", "identity"),
+        lon=x[0], lat=x[1], weight=cfg.get("weight"), time=cfg.get("time"), strata=cfg.get("strata"),
+    )
+
+
+def main_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width_px: int) -> None:
+    if kind == "data":
+        data_map(run, opts, width_px)
+    else:
+        grid_map(run, key, kind, opts, limits, xref, width_px)
+
+
+def grid_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width_px: int = 560) -> None:
+    col, scale, title = mapview.grid_scale(run, kind, opts["scale"], opts["width_units"], limits)
+    image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
+    # No x_ref marker here: the main map's spec then stays identical across clicks, so the browser
+    # does not re-parse megabytes of cells; the picked cell is highlighted by the selection itself
+    # and the slice map carries the marker.
+    deck = mapview.grid_deck(run, key, image, pickable=True, outlines=outlines_for(run, opts["strata"]),
+                             xref=None, basemap=opts["basemap"], width_px=width_px)
+    pick_key = f"pick_{run.run_id}"
+    st.pydeck_chart(deck, height=deck.map_height, on_select=lambda: on_pick(pick_key), selection_mode="single-object",
+                    key=pick_key)
+    st.html(legend_html(scale, title))
+
+
+def data_map(run: cache.RunData, opts: dict, width_px: int = 560) -> None:
+    spec = spec_of_run(run)
+    if spec is None:
+        st.warning("The data this run was trained on is not available here; showing the active data set.")
+        data = st.session_state.ua_data
+    else:
+        try:
+            data = cache.st_load_dataset(spec)
+        except GPCoreError as exc:
+            st.warning(f"The run's data could not be read ({exc}); showing the active data set.")
+            data = st.session_state.ua_data
+    scale, title = mapview.measurement_scale(data, opts["scale"])
+    deck = mapview.points_deck(data, scale, outlines_for(run, opts["strata"]), basemap=opts["basemap"],
+                               bounds=run.bounds, width_px=width_px)
+    st.pydeck_chart(deck, height=deck.map_height, key=f"data_{run.run_id}")
+    st.html(legend_html(scale, title))
+    st.caption("Click a cell on the mean or width map to choose the kernel-slice reference point.")
+
+
+def kernel_panel(run: cache.RunData, key, opts: dict, xref) -> None:
+    """Kernel slice map around ``x_ref`` and the point's posterior mean and 95 % interval."""
+    if xref is None:
+        st.info("Click a grid cell on the mean or width map to show the kernel slice k(·, x_ref) there.")
+        return
+    i = run.nearest_cell(*xref)
+    cell_id = run.grid["cell_id"].iloc[i]
+    kc = cache.st_kernel(*key)
+    values = kc.slice(np.asarray(xref, dtype=float), opts["slice_mode"])
+    scale = mapview.slice_scale(values, opts["slice_mode"])
+    if opts["slice_mode"] == "kernel":
+        title = f"Kernel slice k(·, x_ref) in ({run.t_units})²"
+    else:
+        title = "Kernel slice: " + SLICE_MODES[opts["slice_mode"]]
+    image = cache.slice_image(*key, values, scale)
+    deck = mapview.grid_deck(run, key, image, pickable=False, outlines=outlines_for(run, opts["strata"]),
+                             xref=xref, basemap=opts["basemap"], width_px=560)
+    st.markdown(f"**Kernel slice at x_ref** = ({xref[0]:.5f}, {xref[1]:.5f}), cell `{cell_id}`")
+    st.pydeck_chart(deck, height=deck.map_height, key=f"slice_{run.run_id}")
+    st.html(legend_html(scale, title))
+    point_summary(run, key, xref)
+
+
+def point_summary(run: cache.RunData, key, xref) -> None:
+    model = cache.st_model(*key)
+    pred = model.predict(np.asarray(xref, dtype=float)[None, :])
+    lo_t, hi_t = pred.interval(0.95)
+    tr = run.transform
+    mean, lo, hi = (float(tr.inverse(v)[0]) for v in (pred.mean, lo_t, hi_t))
+    u = f" {run.units}" if run.units else ""
+    c = st.columns([2, 3])
+    c[0].metric("Posterior mean at x_ref", f"{format_number(mean)}{u}",
+                help="Back-transformed: the predictive median for a log target.")
+    c[1].metric("95% interval", f"[{format_number(lo)}, {format_number(hi)}]{u}",
+                help=f"Width {format_number(hi - lo)}{u}; in model space {float(hi_t[0] - lo_t[0]):.3f} {run.t_units}")
+    st.caption(
+        f"x_ref posterior: mean {format_number(mean)}{u}, 95% interval [{format_number(lo)}, {format_number(hi)}]{u}"
+        f" (model space {float(pred.mean[0]):.3f} ± {float(hi_t[0] - pred.mean[0]):.3f} {run.t_units})."
+    )
+
+
+def run_header(run: cache.RunData) -> None:
+    st.markdown(f"#### {run.title()}")
+    bits = [f"model `{run.model}`", noise_text(run.manifest, run.t_units), f"{len(run.grid):,} grid cells"]
+    st.caption(" · ".join(b for b in bits if b))
+    note = uncertainty_note(run.model)
+    if note:
+        st.caption(f"Uncertainty: {note}")
+
+
+def shared_limits(runs: list[cache.RunData], kind: str, width_units: str):
+    if len(runs) < 2 or kind == "data":
+        return None
+    from app.colors import robust_limits
+
+    col = mapview.grid_scale(runs[0], kind, "viridis", width_units)[0]
+    values = np.concatenate([r.grid[col].to_numpy() for r in runs])
+    return robust_limits(values)
+
+
+def page() -> None:
+    ss = st.session_state
+    st.title("Maps")
+    runs = ss.get("ua_runs") or cache.list_runs()
+    runs = [r for r in runs if (r.path / "grid.parquet").is_file()]
+    if not runs:
+        st.info("No run with a prediction grid yet: train one on the Train page.")
+        return
+    opts = controls(runs)
+    by_id = {r.run_id: r for r in runs}
+    chosen = [by_id[ss.ua_run]] if ss.get("ua_run") in by_id else [runs[0]]
+    if ss.get("ua_run2") in by_id:
+        chosen.append(by_id[ss.ua_run2])
+    loaded = [run_info(r) for r in chosen]
+    kind = ss.ua_map
+    limits = shared_limits([r for r, _ in loaded], kind, opts["width_units"]) if opts["shared"] else None
+    xref = ss.get("ua_xref")
+    if len(loaded) == 1:
+        run, key = loaded[0]
+        run_header(run)
+        left, right = st.columns(2, gap="medium")
+        with left:
+            main_map(run, key, kind, opts, limits, xref, width_px=560)
+        with right:
+            kernel_panel(run, key, opts, xref)
+    else:
+        cols = st.columns(2, gap="medium")
+        for (run, key), col in zip(loaded, cols, strict=True):
+            with col:
+                run_header(run)
+                main_map(run, key, kind, opts, limits, xref, width_px=560)
+                kernel_panel(run, key, opts, xref)
+
+
+page()

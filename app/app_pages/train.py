@@ -1,0 +1,152 @@
+"""Train: a model from the registry with its main settings, the split and the seed.
+
+Training runs in a background thread (:mod:`app.jobs`) over :func:`gpcore.runs.execute_run`;
+this page polls it with a fragment that redraws the progress bar and the loss / validation-NLL
+chart, and offers Cancel (the best model so far is kept and saved).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import cache, jobs, widgets
+from gpcore.errors import GPCoreError
+
+POLL_SECONDS = 0.7
+
+
+def model_picker() -> str:
+    from gpcore.models.base import available_models, model_spec
+
+    names = available_models()
+    default = "dbk-rbf" if "dbk-rbf" in names else names[0]
+    current = st.session_state.get("w_model", default)
+    return st.selectbox(
+        "Model", names, index=names.index(current) if current in names else 0, key="w_model",
+        format_func=lambda n: f"{n} — {model_spec(n).description}",
+    )
+
+
+def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_km: float, seed: int,
+          cell_km: float, label: str) -> None:
+    from gpcore.runs import new_run_id, prepare
+    from gpcore.store import RunStore
+
+    ss = st.session_state
+    try:
+        cfg = data.spec.run_config(
+            model=model, settings=settings, split=split, block_km=block_km, seed=seed,
+            grid_cell_km=cell_km, label=label.strip() or f"{model} · {data.spec.label()}",
+        )
+        from gpcore.models.base import make_model
+
+        make_model(cfg.model, **cfg.model_settings())  # validate settings before starting a thread
+        prepared = prepare(cfg, gdf=data.frame)
+        run_dir = RunStore().new_run_dir(new_run_id(cfg))
+    except GPCoreError as exc:
+        st.error(str(exc))
+        return
+    ss.ua_job = jobs.start_training(cfg, run_dir, prepared=prepared, label=cfg.label)
+    ss.ua_job_seen = False
+
+
+def history_chart(history: list[dict]) -> None:
+    if not history:
+        return
+    df = pd.DataFrame(history).set_index("epoch")
+    cols = [c for c in ("loss", "val_nll") if c in df.columns and df[c].notna().any()]
+    st.line_chart(df[cols], height=220, x_label="epoch", y_label="training loss / validation NLL")
+
+
+@st.fragment(run_every=POLL_SECONDS)
+def progress_panel() -> None:
+    """Redrawn every ``POLL_SECONDS`` while a job runs; a full rerun when it ends (sidebar, run list)."""
+    ss = st.session_state
+    job = ss.get("ua_job")
+    if job is None:
+        return
+    hist = job.snapshot()
+    st.progress(job.fraction, text=f"{job.label}: {job.stage}")
+    last = hist[-1] if hist else None
+    if last is not None:
+        val = f", validation NLL {last['val_nll']:.4f}" if last.get("val_nll") is not None else ""
+        st.caption(f"epoch {last['epoch']}/{last['epochs']}: loss {last['loss']:.4f}{val}, {last['elapsed']:.1f} s")
+    history_chart(hist)
+    if not job.done:
+        st.button("Cancel", key="w_cancel", on_click=job.cancel, disabled=job.cancelled,
+                  help="Stop after this epoch; the best model so far is kept and saved as a run.")
+    elif not ss.get("ua_job_seen"):
+        ss.ua_job_seen = True
+        st.rerun(scope="app")
+
+
+def finished_panel(job: jobs.TrainingJob) -> None:
+    ss = st.session_state
+    if job.error is not None:
+        st.error(f"Training failed: {job.error}")
+        return
+    if ss.get("ua_run") != job.run_id and not ss.get("ua_job_selected"):
+        ss.ua_run = job.run_id
+        ss.ua_job_selected = True
+        st.rerun()
+    run = cache.get_run(job.run_id)
+    verb = "was cancelled; the best model so far was saved" if job.cancelled else "finished"
+    st.success(f"Run **{job.run_id}** {verb} and is in the run store.")
+    if run is not None:
+        m = next((r for r in run.manifest.get("metrics", []) if r.get("group") == "all"), {})
+        c = st.columns(4)
+        c[0].metric("Test NLL", f"{m.get('nll', float('nan')):.3f}")
+        c[1].metric("Test MAE", f"{m.get('mae', float('nan')):.3f}")
+        c[2].metric("95% coverage", f"{100 * m.get('coverage', float('nan')):.1f}%")
+        c[3].metric("Fit time", f"{run.manifest.get('timings', {}).get('fit_seconds', float('nan')):.1f} s")
+        st.caption(f"Metrics on the test split in {run.t_units or 'target units'}.")
+    history_chart(job.snapshot())
+    c1, c2 = st.columns(2)
+    c1.page_link("app_pages/maps.py", label="Open the maps", icon=":material/map:")
+    c2.page_link("app_pages/compare.py", label="Compare runs", icon=":material/leaderboard:")
+
+
+def page() -> None:
+    from gpcore.models.base import model_spec
+
+    ss = st.session_state
+    st.title("Train")
+    data: cache.LoadedData = ss.ua_data
+    st.caption(f"Data set: {data.spec.label()} · `{data.spec.y}` ({data.spec.transform}) · {data.n:,} rows")
+    job = ss.get("ua_job")
+    running = job is not None and not job.done
+
+    model = model_picker()
+    spec = model_spec(model)
+    st.markdown("**Main settings** (paper defaults)")
+    settings = widgets.settings_form(model, main=True)
+    with st.expander("More settings"):
+        settings.update(widgets.settings_form(model, main=False))
+    st.markdown("**Split, seed and grid**")
+    c = st.columns(4)
+    split = c[0].selectbox("Split (8:1:1)", ["random", "block"], key="w_split",
+                           format_func=lambda s: {"random": "random", "block": "spatial blocks"}[s])
+    block_km = c[1].number_input("Block size (km)", min_value=0.5, value=10.0, step=1.0, key="w_block_km",
+                                 disabled=split != "block")
+    seed = int(c[2].number_input("Seed", min_value=0, value=0, step=1, key="w_seed"))
+    cell_km = float(c[3].number_input("Grid cell (km, 0 = auto)", min_value=0.0, value=0.0, step=0.25,
+                                      key="w_cell_km", help="Auto gives about 20,000 cells over the region."))
+    label = st.text_input("Run label (optional)", key="w_label", placeholder=f"{model} on {data.spec.label()}")
+    st.caption(spec.description)
+
+    if st.button("Train", type="primary", disabled=running, key="w_train"):
+        start(data, model, settings, split, block_km, seed, cell_km, label)
+        ss.ua_job_selected = False
+        job = ss.get("ua_job")
+        running = job is not None and not job.done
+
+    if job is not None:
+        st.divider()
+        if not job.done:
+            progress_panel()
+        else:
+            finished_panel(job)
+
+
+page()

@@ -1,0 +1,125 @@
+"""Map decks for the pages: grid maps (mean, width, kernel slice) and measurement maps.
+
+Everything heavy comes from :mod:`app.cache`; this module only assembles specs and legends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from app import cache
+from app import layers as L
+from app.colors import ColorScale, format_number, robust_limits
+
+GRID_TOOLTIP = (
+    "<b>cell {id}</b><br/>mean {m} {u}<br/>95% interval [{lo}, {hi}] {u}<br/>width {w} {u} ({wt} {tu})"
+)
+
+
+@dataclass
+class MapLayer:
+    """What a legend needs besides the deck."""
+
+    deck: L.PrebuiltDeck
+    scale: ColorScale
+    title: str
+
+
+def inverse_label(transform) -> callable:
+    """Legend label of a model-space value in original units (``10 ** v`` for log10)."""
+    return lambda v: format_number(float(transform.inverse(np.asarray(v))))
+
+
+def grid_scale(run: cache.RunData, kind: str, scale_name: str, width_units: str = "model",
+               limits: tuple[float, float] | None = None) -> tuple[str, ColorScale, str]:
+    """``(column, scale, legend title)`` of the mean or width map of a run."""
+    g = run.grid
+    if kind == "mean":
+        col = "mean_t"
+        lo, hi = limits or robust_limits(g[col].to_numpy())
+        label = inverse_label(run.transform)
+        title = f"Posterior mean of {run.target} ({run.units or 'original units'})"
+        if run.transform.name != "identity":
+            title += f"; colours even in {run.transform.name}"
+        return col, ColorScale(scale_name, lo, hi, label=label), title
+    col = "width_t" if width_units == "model" or run.transform.name == "identity" else "width"
+    lo, hi = limits or robust_limits(g[col].to_numpy())
+    units = run.t_units if col == "width_t" else run.units
+    return col, ColorScale(scale_name, lo, hi), f"95% prediction-interval width ({units or 'target units'})"
+
+
+def outline_layers(region_json: str | None, strata: list[tuple[str, str, tuple]] | None) -> list[dict]:
+    out = []
+    if region_json:
+        out.append(L.outline_layer("region", L.Raw(region_json), color=(60, 60, 60), width_px=1.0))
+    for i, (_, text, rgb) in enumerate(strata or []):
+        out.append(L.outline_layer(f"strata-{i}", L.Raw(text), color=rgb, width_px=1.3))
+    return out
+
+
+def grid_deck(run: cache.RunData, key: tuple[str, float], image_url: str, *, pickable: bool,
+              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560) -> L.PrebuiltDeck:
+    """Colour bitmap + (optional) transparent pickable cells + outlines + x_ref marker."""
+    raster = cache.st_raster(*key)
+    layers = [L.bitmap_layer("colour", image_url, raster.bounds)]
+    tip = None
+    if pickable:
+        radius = L.cell_radius_m(run.half_w, run.half_h, float(np.median(run.grid["lat"])))
+        layers.append(L.pick_layer("cells", L.Raw(cache.st_cells_json(*key)), radius))
+        tip = L.tooltip(
+            GRID_TOOLTIP.replace("{u}", run.units or "").replace("{tu}", run.t_units or "")
+        )
+    layers += outlines
+    if xref is not None:
+        layers += L.marker_layer("xref", *xref)
+    height = L.fit_height(run.bounds, width_px)
+    view = L.view_for_bounds(run.bounds, width_px=width_px, height_px=height)
+    return L.PrebuiltDeck(L.deck_spec(layers, view, basemap=basemap), tooltip=tip, height=height)
+
+
+def points_deck(data: cache.LoadedData, scale: ColorScale, outlines: list[dict], basemap: bool = False,
+                data_key: str = "", bounds=None, width_px: int = 560) -> L.PrebuiltDeck:
+    """Measurements coloured by the (transformed) target, with tooltips."""
+    text = cache.st_points_json(data, data_key or data.data_hash, scale.name, scale.lo, scale.hi)
+    layers = [L.points_layer("measurements", L.Raw(text))] + outlines
+    f = data.frame
+    if bounds is None:
+        lon, lat = f["lon"].to_numpy(), f["lat"].to_numpy()
+        q = [0.005, 0.995]
+        (w, e), (s, n) = np.quantile(lon, q), np.quantile(lat, q)
+        bounds = (float(w), float(s), float(e), float(n))
+    unit = data.units
+    tip_lines = [f"<b>{data.spec.y}</b> {{v}} {unit}"]
+    if "stratum" in f.columns:
+        tip_lines.append("stratum {s}")
+    tip = L.tooltip("<br/>".join(tip_lines))
+    height = L.fit_height(bounds, width_px)
+    view = L.view_for_bounds(bounds, width_px=width_px, height_px=height)
+    return L.PrebuiltDeck(L.deck_spec(layers, view, basemap=basemap), tooltip=tip, height=height)
+
+
+def measurement_scale(data: cache.LoadedData, scale_name: str) -> tuple[ColorScale, str]:
+    from gpcore import data as D
+
+    tr = D.get_transform(data.spec.transform)
+    lo, hi = robust_limits(data.y_t)
+    title = f"Measured {data.spec.y} ({data.units or 'target units'})"
+    if tr.name != "identity":
+        title += f"; colours even in {tr.name}"
+    return ColorScale(scale_name, lo, hi, label=inverse_label(tr)), title
+
+
+def slice_scale(values: np.ndarray, mode: str) -> ColorScale:
+    """Sequential colours when the slice is (nearly) non-negative, else diverging around 0."""
+    v = values[np.isfinite(values)]
+    m = float(np.max(np.abs(v))) if v.size else 1.0
+    m = m or 1.0
+    lo_q = float(np.quantile(v, 0.01)) if v.size else 0.0
+    if lo_q < -0.05 * m:
+        top = 1.0 if mode != "kernel" else m
+        return ColorScale("rdbu", -top, top)
+    hi = 1.0 if mode != "kernel" else m
+    lo = max(float(np.quantile(v, 0.005)), 0.0) if v.size else 0.0
+    return ColorScale("magma", lo if lo < hi else 0.0, hi)

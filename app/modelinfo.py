@@ -1,0 +1,45 @@
+"""What to say next to a PI map: how each method's uncertainty behaves (ALGORITHMS.md section 11).
+
+A model class may carry its own ``uncertainty_note`` (a ClassVar string); otherwise the note is
+looked up here by registry family, and finally the registry description is shown. New models
+therefore need no page change. No Streamlit here.
+"""
+
+from __future__ import annotations
+
+import math
+
+NOTES = {
+    "dbk": "DBK (dPPGP) learns input-dependent variance: intervals widen where the data are sparse or noisy.",
+    "svgp": "SVGP-type models tend to nearly constant, noise-dominated interval widths.",
+    "softki": (
+        "SoftKI does not revert to the prior far from the data and can be overconfident with a small fixed noise."
+    ),
+    "cagp": "CaGP adds computational uncertainty: its intervals are wider than the exact GP's.",
+    "solvegp": "SOLVE-GP behaves like SVGP with more inducing points.",
+    "exact": "The exact GP is the reference posterior (small data only).",
+}
+
+
+def uncertainty_note(model_name: str) -> str:
+    """One sentence on the uncertainty semantics of a registered model (``""`` if unknown)."""
+    from gpcore.errors import ConfigError
+    from gpcore.models.base import model_spec
+
+    try:
+        spec = model_spec(model_name)
+    except ConfigError:
+        return ""
+    note = getattr(spec.cls, "uncertainty_note", None)
+    if isinstance(note, str) and note:
+        return note
+    family = getattr(spec.cls, "name", model_name)
+    return NOTES.get(family, spec.description)
+
+
+def noise_text(manifest: dict, t_units: str) -> str:
+    """``"noise sd 0.35 log10(Mbps)"`` from a run manifest's learned noise variance."""
+    var = manifest.get("noise_variance")
+    if var is None or not math.isfinite(var) or var < 0:
+        return ""
+    return f"learned noise sd {math.sqrt(var):.3g} {t_units}".strip()

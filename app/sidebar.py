@@ -1,0 +1,86 @@
+"""The sidebar every page shares: the active data set, the runs trained so far, the device."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import cache, state
+from gpcore.errors import GPCoreError
+
+
+def active_data():
+    """The active :class:`~app.cache.LoadedData`; on failure fall back to the default sample (with an error)."""
+    ss = st.session_state
+    try:
+        return cache.st_load_dataset(state.dataset())
+    except GPCoreError as exc:
+        st.error(f"The data set in the link could not be loaded: {exc}")
+        state.set_dataset(state.DatasetSpec.for_sample(state.DEFAULT_SAMPLE))
+        ss.ua_xref = None
+        return cache.st_load_dataset(state.dataset())
+
+
+def choose_default_run(runs, data_hash: str) -> str | None:
+    """The newest run on the active data set, else the newest run (the bundled one on a fresh install)."""
+    for r in runs:
+        if r.data_hash == data_hash:
+            return r.run_id
+    return runs[0].run_id if runs else None
+
+
+def render_sidebar(data) -> list:
+    """Draw the sidebar; returns the run list (so pages need not scan the store again)."""
+    from gpcore.device import describe_device
+    from gpcore.store import default_store_dir
+
+    ss = st.session_state
+    runs = cache.list_runs()
+    ids = [r.run_id for r in runs]
+    if ss.get("ua_run") not in ids:
+        ss.ua_run = choose_default_run(runs, data.data_hash)
+    if ss.get("ua_run2") not in ids:
+        ss.ua_run2 = None
+    with st.sidebar:
+        st.markdown("### Uncertainty Atlas")
+        st.markdown("**Data set**")
+        tr = data.spec.transform
+        st.markdown(
+            f"{data.spec.label()}  \n`{data.spec.y}`"
+            + (f" ({tr})" if tr != "identity" else "")
+            + f" · {data.n:,} rows"
+        )
+        on_data = [r for r in runs if r.data_hash == data.data_hash]
+        st.markdown(f"**Runs** ({len(runs)} in the store, {len(on_data)} on this data set)")
+        if runs:
+            titles = {r.run_id: _run_label(r, data.data_hash) for r in runs}
+            state.bind("w_sidebar_run", "ua_run", lambda v: v in ids)
+            ss.ua_run = st.selectbox(
+                "Active run", ids, format_func=titles.get, key="w_sidebar_run",
+                help="The run shown on Maps and Export. Runs persist in the run store across restarts.",
+            )
+            with st.expander("All runs", expanded=False):
+                for r in runs[:30]:
+                    st.markdown(f"- {titles[r.run_id]}")
+        else:
+            st.caption("No runs yet: train one on the Train page.")
+        st.markdown("**Device**")
+        st.markdown(describe_device("auto"))
+        job = ss.get("ua_job")
+        if job is not None and not job.done:
+            st.info(f"Training {job.label}: {job.stage}")
+        st.caption(f"Run store: `{default_store_dir()}`")
+    return runs
+
+
+def _run_label(info, data_hash: str) -> str:
+    m = info.manifest
+    created = (m.get("created") or "")[:16].replace("T", " ")
+    nll = next((r.get("nll") for r in m.get("metrics", []) if r.get("group") == "all"), None)
+    bits = [info.model]
+    if created:
+        bits.append(created)
+    if nll is not None:
+        bits.append(f"NLL {nll:.3f}")
+    tag = " (bundled)" if info.bundled else ""
+    other = "" if info.data_hash == data_hash else " [other data]"
+    return " · ".join(bits) + tag + other

@@ -1,0 +1,75 @@
+"""Fixtures for the dashboard tests: a temporary run store with tiny trained runs.
+
+The user's real run store is never touched: every test points ``UA_RUN_STORE`` at a temporary
+folder. Runs are trained once per session on the bundled Puerto Rico sample with tiny settings
+and a coarse grid, so they take seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+TIMEOUT = 180
+
+TINY = {"epochs": 2, "rank": 8, "hidden": 8, "batch_size": 2048}
+
+
+def tiny_config(model: str = "dbk-rbf", seed: int = 0, **run):
+    from app.state import DatasetSpec
+
+    spec = DatasetSpec()  # the default: Puerto Rico 2023, download_mbps, log10, county metro strata
+    return spec.run_config(model=model, settings=dict(TINY), seed=seed, grid_cell_km=4.0, **run)
+
+
+def make_run(store: Path, run_id: str, model: str = "dbk-rbf", seed: int = 0) -> Path:
+    from gpcore.runs import execute_run
+
+    return execute_run(tiny_config(model, seed, label=f"{model} tiny"), store / run_id)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def trained_store(tmp_path_factory) -> Path:
+    """A store with two tiny runs on the default data set (dbk-rbf and dbk-silu)."""
+    store = tmp_path_factory.mktemp("runs")
+    make_run(store, "20240101-000000-000-dbk-rbf", "dbk-rbf")
+    make_run(store, "20240101-000001-000-dbk-silu", "dbk-silu", seed=1)
+    return store
+
+
+@pytest.fixture
+def store(trained_store, tmp_path, monkeypatch) -> Path:
+    """A fresh copy of the trained store as ``UA_RUN_STORE`` (tests may add runs to it)."""
+    path = tmp_path / "runs"
+    shutil.copytree(trained_store, path)
+    monkeypatch.setenv("UA_RUN_STORE", str(path))
+    monkeypatch.setenv("UA_TORCH_THREADS", "1")
+    return path
+
+
+@pytest.fixture
+def empty_store(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "empty-runs"
+    monkeypatch.setenv("UA_RUN_STORE", str(path))
+    monkeypatch.setenv("UA_TORCH_THREADS", "1")
+    return path
+
+
+@pytest.fixture
+def app(store):
+    from streamlit.testing.v1 import AppTest
+
+    return AppTest.from_file(APP, default_timeout=TIMEOUT)

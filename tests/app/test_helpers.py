@@ -1,0 +1,160 @@
+"""The dashboard's pure helpers: colours, rasterised grids, deck specs, the selection adapter, URLs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from app import layers as L
+from app import raster as R
+from app.colors import ColorScale, format_number, legend_html, lut, robust_limits
+from app.selection import picked, picked_point
+
+
+def test_colour_index_is_quantised_with_a_transparent_slot():
+    s = ColorScale("viridis", 0.0, 10.0)
+    idx = s.index(np.array([-5.0, 0.0, 5.0, 10.0, 50.0, np.nan, np.inf]))
+    assert idx.dtype == np.uint8
+    assert idx.tolist() == [1, 1, 128, 255, 255, 0, 0]
+    assert lut("viridis").shape == (256, 3)
+    assert tuple(lut("viridis")[1]) == (68, 1, 84)  # viridis starts dark purple
+
+
+def test_limits_and_labels():
+    lo, hi = robust_limits(np.r_[np.linspace(0, 1, 98), 100.0, -100.0], q=0.02)
+    assert -100 < lo <= 0.05 and 0.95 <= hi < 100
+    assert robust_limits(np.array([3.0, 3.0])) == (2.5, 3.5)
+    sym = robust_limits(np.array([-2.0, 1.0]), symmetric=True)
+    assert sym[0] == -sym[1] > -2.01
+    s = ColorScale("viridis", 0.0, 2.0, label=lambda v: format_number(10**v))
+    assert [t for _, t in s.ticks(3)] == ["1", "10", "100"]
+    html = legend_html(s, "mean <Mbps>")
+    assert "linear-gradient" in html and "mean &lt;Mbps&gt;" in html
+
+
+def square_grid(nx=30, ny=20, step=0.01, lon0=-66.5, lat0=18.0):
+    lon, lat = np.meshgrid(lon0 + step * (np.arange(nx) + 0.5), lat0 + step * (np.arange(ny) + 0.5))
+    return lon.ravel(), lat.ravel(), step
+
+
+def test_raster_index_shows_every_cell_where_it_is():
+    lon, lat, step = square_grid()
+    hw, hh = R.spacing_half_sizes(lon, lat)
+    assert hw[0] == pytest.approx(step / 2, rel=0.02) and hh[0] == pytest.approx(step / 2, rel=0.02)
+    ri = R.build_raster_index(lon, lat, hw, hh, px_per_cell=3)
+    assert ri.coverage == 1.0
+    W, S, E, N = ri.bounds
+    assert (W, E) == pytest.approx((-66.5, -66.5 + 30 * step), abs=1e-3)
+    # the pixel in the north-west corner shows the north-west cell
+    nw = int(np.argmin(lon - lat))
+    assert ri.pix2cell[0] == nw
+    png = R.palette_png(np.arange(lon.size) % 255 + 1, ri, "viridis")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert R.data_url(png).startswith("data:image/png;base64,")
+
+
+def test_raster_leaves_gaps_transparent():
+    lon, lat, step = square_grid(10, 10)
+    keep = ~((lon > -66.47) & (lon < -66.43))  # a gap three cells wide
+    hw, hh = np.full(keep.sum(), step / 2), np.full(keep.sum(), step / 2)
+    ri = R.build_raster_index(lon[keep], lat[keep], hw, hh)
+    assert (ri.pix2cell == ri.n_cells).any()
+
+
+def test_deck_spec_splices_raw_json_and_has_no_basemap_offline():
+    cells = L.cells_json(["a", "b"], [-66.0, -66.1], [18.0, 18.1], {"m": ["1", "2"]})
+    spec = L.deck_spec(
+        [L.bitmap_layer("colour", "data:image/png;base64,AAAA", (-67, 17.8, -65, 18.6)),
+         L.pick_layer("cells", L.Raw(cells), 100.0)],
+        L.view_for_bounds((-67, 17.8, -65, 18.6)),
+    )
+    d = json.loads(spec)
+    assert d["mapStyle"] == "__MAP_STYLE__"  # Streamlit's "no basemap" sentinel: no tile requests
+    assert d["layers"][1]["data"] == [
+        {"id": "a", "p": [-66.0, 18.0], "m": "1"}, {"id": "b", "p": [-66.1, 18.1], "m": "2"}
+    ]
+    assert d["layers"][0]["image"].startswith("data:image/png")  # not turned into an accessor
+    assert d["layers"][1]["getFillColor"][3] > 0, "alpha 0 would make ColumnLayer cells unpickable"
+    assert d["layers"][0]["pickable"] is False
+    online = json.loads(L.deck_spec([], L.view_for_bounds((0, 0, 1, 1)), basemap=True))
+    assert "cartocdn" in online["mapStyle"]
+    deck = L.PrebuiltDeck(spec, tooltip=L.tooltip("{id}"))
+    assert deck.to_json() == spec and deck.nbytes == len(spec)
+
+
+def test_view_fits_the_bounds():
+    v = L.view_for_bounds((-67.3, 17.9, -65.2, 18.5), width_px=600, height_px=400)
+    assert -66.3 < v["longitude"] < -66.2 and 18.1 < v["latitude"] < 18.3
+    assert 7 < v["zoom"] < 9
+
+
+def test_selection_adapter_reads_typed_and_plain_states():
+    from streamlit.elements.deck_gl_json_chart import PydeckSelectionSerde
+
+    raw = {"selection": {"indices": {"cells": [7]}, "objects": {"cells": [{"id": "42", "p": [-66.1, 18.2]}]}}}
+    typed = PydeckSelectionSerde().deserialize(json.dumps(raw))
+    for state in (raw, typed, raw["selection"]):
+        assert picked(state)["index"] == 7
+        assert picked_point(state, "cells") == (-66.1, 18.2, "42")
+    assert picked_point(PydeckSelectionSerde().deserialize(None)) is None
+    assert picked_point({"selection": {"indices": {}, "objects": {}}}) is None
+    assert picked_point(raw, "other-layer") is None
+    assert picked_point({"selection": {"objects": {"cells": [{"lon": 1, "lat": 2}]}}}) == (1.0, 2.0, None)
+    assert picked_point({"selection": {"objects": {"cells": ["junk"]}}}) is None
+
+
+def test_dataset_spec_round_trips_through_the_url():
+    from app.state import DatasetSpec, format_xref, parse_xref
+
+    spec = DatasetSpec(quarter="2023Q2", transform="log", strata=None, weight="tests")
+    back = DatasetSpec.from_query(spec.to_query())
+    assert back == spec
+    assert DatasetSpec.from_query({"data": "file:/etc/passwd"}) is None, "URLs may name samples and uploads only"
+    assert parse_xref(format_xref((-66.123456, 18.5))) == (-66.12346, 18.5)
+    assert parse_xref("1,2,3") is None and parse_xref("200,0") is None
+
+
+def test_setting_widgets_come_from_config_metadata():
+    """Every registered model's settings can be drawn (no page change when a model is added)."""
+    from dataclasses import fields
+
+    from gpcore.models.base import available_models, model_spec
+
+    for name in available_models():
+        cfg = model_spec(name).cls.Config
+        main = [f for f in fields(cfg) if (f.metadata or {}).get("main")]
+        assert main, f"{name} has no main settings"
+        for f in fields(cfg):
+            assert isinstance(f.default, (bool, int, float, str)), (name, f.name)
+
+
+def test_cli_command_reproduces_a_config():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "app" / "app_pages" / "export.py"
+    src = path.read_text().replace("\npage()\n", "\n")
+    ns: dict = {}
+    exec(compile(src, str(path), "exec"), ns)  # the page module without drawing it
+    cmd = ns["cli_command"]({"data": "sample:puerto_rico", "y": "download_mbps", "transform": "log10",
+                             "quarter": "2023", "strata": "county_metro", "seed": 0, "model": "dbk-rbf",
+                             "settings": {"epochs": 5}, "grid_cell_km": 1.0})
+    assert "--data sample:puerto_rico" in cmd and "--set epochs=5" in cmd and "--cell-km 1" in cmd
+    assert importlib.util.find_spec("gpcore") is not None
+
+
+def test_widths_violins_split_by_stratum():
+    import pandas as pd
+
+    from app.charts import coverage_bars, width_violins
+
+    test = pd.DataFrame({"model": ["a"] * 4 + ["b"] * 4, "var_y": [0.1, 0.2, 0.1, 0.3] * 2,
+                         "stratum": ["metro", "non-metro"] * 4, "mean": 0.0, "y": 0.1})
+    fig = width_violins(test, "log10(Mbps)")
+    assert [t.type for t in fig.data] == ["violin", "violin"]
+    assert {t.name for t in fig.data} == {"metro (urban)", "non-metro (rural)"}
+    assert float(fig.data[0].y[0]) == pytest.approx(2 * 1.959964 * np.sqrt(0.1), rel=1e-5)
+    metrics = pd.DataFrame({"model": ["a", "a"], "group": ["metro", "non-metro"], "coverage": [0.9, 0.97]})
+    assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95

@@ -1,0 +1,151 @@
+"""A map selection renders the kernel slice of the right cell; a short training run lands in the store."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.proto.WidgetStates_pb2 import WidgetStates
+from streamlit.testing.v1 import AppTest
+
+RUN = "20240101-000000-000-dbk-rbf"
+
+
+def deck(at: AppTest, key: str):
+    hits = [d for d in at.get("deck_gl_json_chart") if d.key == key]
+    assert hits, f"no map keyed {key!r}; keys: {[d.key for d in at.get('deck_gl_json_chart')]}"
+    return hits[0]
+
+
+def select_cell(at: AppTest, key: str, obj: dict, index: int) -> AppTest:
+    """Inject a deck.gl click the way the browser reports it (AppTest has no pydeck interaction API)."""
+    states = WidgetStates()
+    states.CopyFrom(at._tree.get_widget_states())
+    w = states.widgets.add()
+    w.id = deck(at, key).proto.id
+    w.string_value = json.dumps({"selection": {"indices": {"cells": [index]}, "objects": {"cells": [obj]}}})
+    return at._run(states)
+
+
+def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
+    from gpcore.models.base import load_model
+
+    app.query_params["run"] = RUN
+    app.run()
+    app.switch_page("app_pages/maps.py").run()
+    assert not app.exception
+    assert app.session_state["ua_run"] == RUN
+    assert any("Click a grid cell" in i.value for i in app.info)
+    grid = pd.read_parquet(store / RUN / "grid.parquet")
+    i = len(grid) // 2
+    cell = grid.iloc[i]
+    lon, lat = round(float(cell.lon), 5), round(float(cell.lat), 5)
+    select_cell(app, f"pick_{RUN}", {"id": str(cell.cell_id), "p": [lon, lat], "m": "1"}, i)
+    assert not app.exception, [e.value for e in app.exception]
+    assert app.session_state["ua_xref"] == (lon, lat)
+    assert any(f"cell `{int(cell.cell_id)}`" in m.value for m in app.markdown)
+    # the slice map is drawn around x_ref: its marker sits on the picked cell
+    specs = [json.loads(d.proto.json) for d in app.get("deck_gl_json_chart")]
+    slices = [sp for sp in specs if not any(layer["id"] == "cells" for layer in sp["layers"])]
+    assert len(slices) == 1, "one kernel-slice map (not pickable) beside the main map"
+    spec = slices[0]
+    marker = next(layer for layer in spec["layers"] if layer["id"] == "xref-outer")
+    assert marker["data"][0]["p"] == pytest.approx([lon, lat])
+    # the point's posterior mean and 95 % interval are the model's, back-transformed to Mbps
+    model = load_model(store / RUN / "model")
+    pred = model.predict(np.array([[lon, lat]]))
+    lo, hi = pred.interval(0.95)
+    metrics = {m.label: m.value for m in app.metric}
+    from app.colors import format_number
+
+    assert metrics["Posterior mean at x_ref"] == f"{format_number(10 ** pred.mean[0])} Mbps"
+    assert metrics["95% interval"] == f"[{format_number(10 ** lo[0])}, {format_number(10 ** hi[0])}] Mbps"
+    # the selection survives switching maps and recolouring (it lives in the session and the URL)
+    app.segmented_control(key="w_map_kind").set_value("width").run()
+    app.selectbox(key="w_scale").set_value("magma").run()
+    assert app.session_state["ua_xref"] == (lon, lat)
+    assert app.query_params["xref"] == f"{lon:.5f},{lat:.5f}"
+    assert any(f"cell `{int(cell.cell_id)}`" in m.value for m in app.markdown)
+    # strata outlines (the bundled metro / non-metro counties) overlay both maps
+    app.checkbox(key="w_strata_outline").check().run()
+    assert not app.exception
+    layer_ids = {layer["id"] for d in app.get("deck_gl_json_chart") for layer in json.loads(d.proto.json)["layers"]}
+    assert {"strata-0", "strata-1", "region"} <= layer_ids
+
+
+def test_correlation_slice_is_one_at_the_reference(store):
+    """The dashboard's correlation normalisation: k(x_ref, x_ref) / k(x_ref, x_ref) = 1 at the picked cell."""
+    from app.cache import KernelCache
+    from gpcore.models.base import load_model
+
+    model = load_model(store / RUN / "model")
+    grid = pd.read_parquet(store / RUN / "grid.parquet")
+    Xg = grid[["lon", "lat"]].to_numpy()
+    kc = KernelCache(model.kernel_slicer(Xg), Xg, model)
+    i = len(grid) // 4
+    corr = kc.slice(Xg[i], "correlation")
+    assert corr[i] == pytest.approx(1.0, abs=1e-5)
+    assert np.nanmax(np.abs(corr)) <= 1.0 + 1e-5
+    k = kc.slice(Xg[i], "kernel")
+    np.testing.assert_allclose(k, model.kernel(Xg, Xg[i : i + 1])[:, 0], rtol=1e-4, atol=1e-8)
+    assert np.nanmax(np.abs(kc.slice(Xg[i], "max"))) == pytest.approx(1.0)
+
+
+def test_a_short_training_run_completes_and_lands_in_the_store(app, store):
+    from gpcore.store import RunStore
+
+    before = {r.run_id for r in RunStore().list()}
+    app.run()
+    app.switch_page("app_pages/train.py").run()
+    assert not app.exception
+    assert app.selectbox(key="w_model").value == "dbk-rbf"
+    for name, value in (("epochs", 3), ("rank", 8), ("hidden", 8), ("batch_size", 2048)):
+        app.number_input(key=f"w_set_dbk-rbf_{name}").set_value(value)
+    app.number_input(key="w_cell_km").set_value(4.0)
+    app.button(key="w_train").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    job = app.session_state["ua_job"]
+    saw_progress = False
+    deadline = time.time() + 150
+    while not job.done and time.time() < deadline:
+        saw_progress |= bool(app.get("progress"))
+        time.sleep(0.4)
+        app.run()
+    assert job.done, f"training did not finish: {job.stage}"
+    assert job.error is None, job.error
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert saw_progress or len(job.history) == 3, "progress was shown while training"
+    assert app.get("vega_lite_chart"), "the loss / validation-NLL chart"
+    assert [h["epoch"] for h in job.history] == [1, 2, 3]
+    assert any("is in the run store" in s.value for s in app.success)
+    runs = {r.run_id: r for r in RunStore().list()}
+    assert job.run_id in runs and job.run_id not in before
+    run = runs[job.run_id]
+    assert not run.bundled and run.path.parent == store
+    assert (run.path / "grid.parquet").is_file() and (run.path / "model" / "model.safetensors").is_file()
+    assert run.manifest["config"]["settings"] == {"epochs": 3, "rank": 8, "hidden": 8, "batch_size": 2048}
+    assert app.session_state["ua_run"] == job.run_id, "the new run becomes the active run"
+    assert f"{len(before) + 1} in the store" in "\n".join(m.value for m in app.sidebar.markdown)
+
+
+def test_cancel_keeps_the_best_model_so_far(store):
+    """The job's Cancel: training stops after the current epoch and the run is still written."""
+    from app.jobs import start_training
+    from tests.app.conftest import tiny_config
+
+    cfg = tiny_config()
+    cfg = type(cfg).from_dict({**cfg.to_dict(), "settings": {**cfg.settings, "epochs": 200}})
+    job = start_training(cfg, store / "cancelled-run")
+    deadline = time.time() + 60
+    while not job.history and time.time() < deadline:
+        time.sleep(0.05)
+    job.cancel()
+    assert job.wait(120)
+    assert job.error is None, job.error
+    assert job.cancelled and len(job.history) < 200
+    manifest = json.loads((store / "cancelled-run" / "run.json").read_text())
+    assert manifest["train_info"]["cancelled"] is True

@@ -1,0 +1,149 @@
+"""Every page renders on the sample data; bad uploads keep the data set; the URL restores a view."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import APP, TIMEOUT
+
+PAGES = ["app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py"]
+
+
+def no_exceptions(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def sidebar_text(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.sidebar.markdown)
+
+
+def n_runs() -> int:
+    """Runs in the test store plus the bundled ready run(s)."""
+    from gpcore.store import RunStore
+
+    return len(RunStore().list())
+
+
+def test_every_page_renders_on_the_sample(app, store):
+    app.run()
+    no_exceptions(app)
+    assert "Puerto Rico" in sidebar_text(app)
+    assert "CPU" in sidebar_text(app) or "GPU" in sidebar_text(app)
+    assert f"{n_runs()} in the store, {n_runs()} on this data set" in sidebar_text(app)
+    for page in PAGES:
+        app.switch_page(page).run()
+        no_exceptions(app)
+        assert not app.error, (page, [e.value for e in app.error])
+    assert app.title[0].value == "Export"
+
+
+def test_fresh_install_shows_the_bundled_run(empty_store):
+    """With an empty run store the bundled ready run fills Maps and Compare."""
+    from gpcore.store import RunStore
+
+    bundled = [r for r in RunStore().list() if r.bundled]
+    assert bundled, "sample_data/runs/ must hold the ready run"
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["xref"] = "-66.5,18.2"  # also load the bundled model: its kernel slice and interval
+    at.run()
+    no_exceptions(at)
+    assert bundled[0].data_hash == at.session_state["ua_data"].data_hash, "the ready run is on the default data"
+    at.switch_page("app_pages/maps.py").run()
+    no_exceptions(at)
+    assert at.session_state["ua_run"] == bundled[0].run_id
+    assert len(at.get("deck_gl_json_chart")) == 2, "the Maps page shows the mean map and a kernel slice"
+    assert "Posterior mean at x_ref" in {m.label for m in at.metric}
+    at.switch_page("app_pages/compare.py").run()
+    no_exceptions(at)
+    assert at.get("plotly_chart"), "the Compare page shows charts"
+
+
+def test_bad_upload_shows_the_error_and_keeps_the_data_set(app, store):
+    app.run()
+    before = app.session_state["ua_dataset"]
+    app.radio(key="w_src_kind").set_value("Upload a file").run()
+    no_exceptions(app)
+    app.file_uploader(key="w_upload").upload("no_coords.csv", b"speed,name\n1,a\n2,b\n3,c\n", "text/csv").run()
+    no_exceptions(app)
+    errors = [e.value for e in app.error]
+    assert any("no_coords.csv" in e for e in errors), errors
+    assert app.session_state["ua_dataset"] == before
+    assert "Puerto Rico" in sidebar_text(app)
+    assert f"{n_runs()} in the store" in sidebar_text(app)
+
+
+def test_good_upload_becomes_the_data_set_and_runs_stay(app, store, tmp_path):
+    rows = pd.DataFrame({"lon": -66.5 + 0.01 * (pd.RangeIndex(60) % 10), "lat": 18.2 + 0.01 * (pd.RangeIndex(60) // 10),
+                         "mbps": [10.0 + i for i in range(60)]})
+    app.run()
+    app.radio(key="w_src_kind").set_value("Upload a file").run()
+    app.file_uploader(key="w_upload").upload("speeds.csv", rows.to_csv(index=False).encode(), "text/csv").run()
+    no_exceptions(app)
+    assert not app.error, [e.value for e in app.error]
+    app.button(key="w_load_data").click().run()
+    no_exceptions(app)
+    spec = app.session_state["ua_dataset"]
+    assert spec.source.startswith("upload:") and spec.source.endswith("speeds.csv")
+    assert spec.y == "mbps"
+    assert "speeds.csv" in sidebar_text(app)
+    assert f"{n_runs()} in the store, 0 on this data set" in sidebar_text(app)
+    assert store.joinpath("_uploads").is_dir(), "uploads are kept beside the runs (so a URL can name them)"
+
+
+def test_query_parameters_restore_the_view(app, store):
+    grid = pd.read_parquet(store / "20240101-000001-000-dbk-silu" / "grid.parquet")
+    cell = grid.iloc[len(grid) // 3]
+    xref = f"{cell.lon:.5f},{cell.lat:.5f}"
+    app.query_params.update(
+        {"data": "sample:puerto_rico", "quarter": "2023", "y": "download_mbps",
+         "run": "20240101-000001-000-dbk-silu", "map": "width", "xref": xref}
+    )
+    app.run()
+    app.switch_page("app_pages/maps.py").run()
+    no_exceptions(app)
+    ss = app.session_state
+    assert ss["ua_run"] == "20240101-000001-000-dbk-silu"
+    assert ss["ua_map"] == "width"
+    assert ss["ua_xref"] == pytest.approx((round(cell.lon, 5), round(cell.lat, 5)))
+    assert any(f"cell `{int(cell.cell_id)}`" in m.value for m in app.markdown), "the kernel slice of the URL's x_ref"
+    assert app.query_params["run"] == "20240101-000001-000-dbk-silu"
+    assert app.query_params["xref"] == xref
+    assert app.query_params["map"] == "width"
+
+
+def test_a_bad_url_falls_back_to_the_sample(app, store):
+    app.query_params.update({"data": "upload:0123456789abcdef/missing.csv", "run": "no-such-run", "xref": "x"})
+    app.run()
+    no_exceptions(app)
+    assert app.session_state["ua_dataset"].source == "sample:puerto_rico"
+    assert any("could not be loaded" in e.value for e in app.error)
+
+
+def test_compare_draws_violins_for_two_runs(app, store):
+    app.run()
+    app.switch_page("app_pages/compare.py").run()
+    no_exceptions(app)
+    charts = {c.proto.id: json.loads(c.proto.spec) for c in app.get("plotly_chart")}
+    violins = [json.loads(c.proto.spec) for c in app.get("plotly_chart") if '"violin"' in c.proto.spec]
+    assert violins, f"no violin chart among {len(charts)} charts"
+    traces = violins[0]["data"]
+    models = {x for t in traces for x in t["x"]}
+    assert any(m.startswith("dbk-rbf") for m in models) and any(m.startswith("dbk-silu") for m in models), models
+    strata = {t["name"] for t in traces}
+    assert {"metro (urban)", "non-metro (rural)"} <= strata, strata
+    ranking = app.dataframe[0].value
+    assert len(ranking) == n_runs() and list(ranking["rank"]) == list(range(1, n_runs() + 1))
+    assert {"mae", "rmse", "nll", "crps", "coverage", "pi_width_mean"} <= set(ranking.columns)
+
+
+def test_export_page_offers_every_download(app, store):
+    app.run()
+    app.switch_page("app_pages/export.py").run()
+    no_exceptions(app)
+    labels = {b.proto.label for b in app.get("download_button")}
+    assert {"GeoTIFF", "GeoJSON", "CSV", "Run manifest (run.json)"} <= labels
+    assert any(label.startswith("Model") for label in labels)
