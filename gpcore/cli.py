@@ -54,6 +54,7 @@ def _add_data_args(p: argparse.ArgumentParser, need_y: bool = True) -> None:
     p.add_argument("--transform", default="identity", choices=("identity", "log10", "log"))
     p.add_argument("--quarter", help="keep one quarter ('2023Q1') or year ('2023') of a time column")
     p.add_argument("--weight", help="optional per-row weight column")
+    p.add_argument("--time", help="time column (quarter or date) when it is not auto-detected")
     p.add_argument("--strata", help="county_metro | column:<NAME> | polygons:<PATH>")
     p.add_argument("--split", default="random", choices=("random", "block"))
     p.add_argument("--block-km", type=float, default=10.0)
@@ -77,6 +78,7 @@ def _run_config(args, model: str, settings: dict):
         transform=args.transform,
         quarter=args.quarter,
         weight=args.weight,
+        time=args.time,
         strata=args.strata,
         split=args.split,
         block_km=args.block_km,

@@ -40,4 +40,5 @@ def describe_device(device: str | torch.device = "auto") -> str:
     dev = resolve_device(device)
     if dev.type == "cuda":
         return f"GPU: {torch.cuda.get_device_name(dev)}"
-    return f"CPU ({torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"CPU ({n} thread{'s' if n != 1 else ''})"

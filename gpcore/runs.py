@@ -58,6 +58,7 @@ class RunConfig:
     transform: str = "identity"
     quarter: str | None = None
     weight: str | None = None
+    time: str | None = None
     strata: str | None = None
     split: str = "random"
     block_km: float = 10.0
@@ -151,6 +152,7 @@ def load_frame(cfg: RunConfig):
         target=cfg.y,
         transform=cfg.transform,
         weight=cfg.weight,
+        time=cfg.time,
         quarter=quarter,
         allow_drop=cfg.allow_drop,
     )
@@ -399,10 +401,19 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
         "versions": package_versions(),
         "metrics": table.replace({np.nan: None}).to_dict(orient="records"),
         "grid_cells": 0 if grid is None else int(len(grid)),
+        "grid": _grid_spec(grid),
     }
     (out / "run.json").write_text(json.dumps(_clean(manifest), indent=2))
     log(f"wrote {out}")
     return out
+
+
+def _grid_spec(grid) -> dict | None:
+    """The grid layout (CRS, cell size, origin) so exports need not rebuild the grid."""
+    spec = None if grid is None else grid.attrs.get("grid")
+    if spec is None:
+        return None
+    return dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else dict(spec)
 
 
 def _clean(obj):

@@ -14,7 +14,7 @@ def test_crps_closed_form_equals_numerical_integration():
     for _ in range(5):
         mu, sd, y = rng.normal(), rng.uniform(0.2, 2), rng.normal(scale=2)
 
-        def integrand(t):
+        def integrand(t, mu=mu, sd=sd, y=y):
             return (stats.norm.cdf(t, mu, sd) - (t >= y)) ** 2
 
         num = integrate.quad(integrand, -np.inf, y, limit=200)[0] + integrate.quad(integrand, y, np.inf, limit=200)[0]
