@@ -17,7 +17,6 @@ from gpcore.models.kernels import stationary
 from gpcore.models.linalg import gaussian_nll, kl_std_normal, tril_factor
 
 
-
 @pytest.fixture(autouse=True)
 def _float64_default():
     """Dense oracles in float64; restored afterwards so other test modules see torch's default."""
