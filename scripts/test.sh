@@ -13,6 +13,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 . .venv/bin/activate
+python -m ruff check .
 python -m pytest "$@"
 for bench in benchmarks/bench_*.py; do
   [ -e "$bench" ] || continue
