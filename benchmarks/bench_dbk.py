@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import torch
+from _peers import gpytorch_svgp
 
 from gpcore import make_model
 
@@ -67,22 +68,10 @@ def time_dbk_epochs(X, y, h, r, batch, epochs):
 def time_gpytorch_svgp_epochs(X, y, m, batch, epochs):
     import gpytorch
 
-    class SVGP(gpytorch.models.ApproximateGP):
-        def __init__(self, Z):
-            dist = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
-            strat = gpytorch.variational.VariationalStrategy(self, Z, dist, learn_inducing_locations=True)
-            super().__init__(strat)
-            self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[1]))
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
     torch.manual_seed(0)
     Xt = torch.as_tensor(X, dtype=torch.float32)
     yt = torch.as_tensor((y - y.mean()) / y.std(), dtype=torch.float32)
-    model = SVGP(torch.rand(m, X.shape[1]) * 2 - 1)
-    lik = gpytorch.likelihoods.GaussianLikelihood()
+    model, lik = gpytorch_svgp(torch.rand(m, X.shape[1]) * 2 - 1)
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(yt))
     opt = torch.optim.Adam([*model.parameters(), *lik.parameters()], lr=1e-2)
     times = []

@@ -29,6 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _peers import gpytorch_svgp  # noqa: E402
+
 from gpcore import make_model  # noqa: E402
 from gpcore.device import describe_device  # noqa: E402
 
@@ -104,19 +106,7 @@ def bench_gpytorch_svgp(X, y, cfg: dict, device: torch.device) -> tuple[dict | N
     g = torch.Generator().manual_seed(0)
     Z = Xt[torch.randperm(n, generator=g)[:m].to(device)].clone()
 
-    class SVGP(gpytorch.models.ApproximateGP):
-        def __init__(self, Z):
-            q = gpytorch.variational.CholeskyVariationalDistribution(Z.shape[0])
-            strat = gpytorch.variational.VariationalStrategy(self, Z, q, learn_inducing_locations=True)
-            super().__init__(strat)
-            self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=Z.shape[1]))
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-    model = SVGP(Z).to(device)
-    lik = gpytorch.likelihoods.GaussianLikelihood().to(device)
+    model, lik = gpytorch_svgp(Z)
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
     opt = torch.optim.Adam([*model.parameters(), *lik.parameters()], lr=0.01)
     model.train()

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import torch
+from _peers import gpytorch_svgp
 
 from gpcore import metrics as M
 from gpcore.compare import compare_models
@@ -47,17 +48,7 @@ def gpytorch_svgp_fit_seconds(prep, m: int, epochs: int, patience: int = 20, see
     Xtr, ytr, Xv, yv = tx(prep.train_idx), ty(prep.train_idx), tx(prep.val_idx), ty(prep.val_idx)
     Z = Xtr[torch.randperm(len(Xtr))[:m]].clone()
 
-    class SVGP(gpytorch.models.ApproximateGP):
-        def __init__(self):
-            dist = gpytorch.variational.CholeskyVariationalDistribution(m)
-            super().__init__(gpytorch.variational.VariationalStrategy(self, Z, dist, learn_inducing_locations=True))
-            self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=X.shape[1]))
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-    model, lik = SVGP(), gpytorch.likelihoods.GaussianLikelihood()
+    model, lik = gpytorch_svgp(Z)
     mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=len(ytr))
     opt = torch.optim.Adam([*model.parameters(), *lik.parameters()], lr=1e-2)
     best, stale, best_state = math.inf, 0, None
