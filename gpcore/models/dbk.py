@@ -33,6 +33,7 @@ from gpcore.models.linalg import (
     inv_softplus,
     kl_std_normal,
     psd_safe_cholesky,
+    triangular_row_sqnorm,
     tril_factor,
 )
 
@@ -180,7 +181,7 @@ class DBK(GPModel):
         L = mod.q_factor()
         s2 = mod.noise
         mu = mod.mu0 + phi @ mod.m
-        s2y = (phi @ L).pow(2).sum(-1) + s2
+        s2y = triangular_row_sqnorm(phi, L) + s2
         data = gaussian_nll(yb, mu, s2y).mean()
         norms = phi.pow(2).sum(-1)
         kb = batch_max(norms)  # max over the global batch under distributed training
@@ -266,17 +267,43 @@ class DBK(GPModel):
         mod.post_U.copy_((torch.sqrt(s2) * Linv_T).to(mod.post_U.dtype))
 
     def posterior_q(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(m, F)`` with ``q(w) = N(m, F F^T)`` used for prediction."""
+        """``(m, F)`` with ``q(w) = N(m, F F^T)`` used for prediction.
+
+        ``F`` is triangular: lower for dPPGP (``L``), upper for the exact posterior
+        (``sqrt(s2) L_Lambda^{-T}``); see :attr:`posterior_lower`.
+        """
         mod = self.module_
         if self.config.objective == "mml":
             return mod.post_m, mod.post_U
         return mod.m, mod.q_factor()
 
+    @property
+    def posterior_lower(self) -> bool:
+        return self.config.objective != "mml"
+
+    #: rows per inner block of prediction: keeps the b x r feature block in cache (measured fastest
+    #: on a 2-core EPYC at h = 256, r = 512; the caller's predict batch only bounds memory)
+    _PREDICT_BLOCK = 2048
+
     def _predict_f(self, xb):
         mod = self.module_
-        phi = mod.features(xb)
         m, F = self.posterior_q()
-        return mod.mu0 + phi @ m, (phi @ F).pow(2).sum(-1)
+        lower = self.posterior_lower
+        if mod.basis == "silu":
+            # phi = s * silu(.): fold the signed scale into the posterior instead of scaling b x r features
+            m, F = mod.scale * m, mod.scale[:, None] * F  # diag(s) F keeps F's triangle
+        mean = torch.empty(xb.shape[0], dtype=xb.dtype, device=xb.device)
+        var = torch.empty_like(mean)
+        Lz = mod.chol_zz() if mod.basis == "rbf" else None
+        for i in range(0, xb.shape[0], self._PREDICT_BLOCK):
+            x = xb[i : i + self._PREDICT_BLOCK]
+            if mod.basis == "silu":
+                phi = nn.functional.silu(mod.expand(mod.backbone(x)), inplace=not torch.is_grad_enabled())
+            else:
+                phi = mod.features(x, Lz)
+            mean[i : i + x.shape[0]] = phi @ m
+            var[i : i + x.shape[0]] = triangular_row_sqnorm(phi, F, lower=lower)
+        return mod.mu0 + mean, var
 
     def _kernel_s(self, x1, x2):
         mod = self.module_

@@ -42,6 +42,73 @@ def tril_factor(raw_offdiag: torch.Tensor, log_diag: torch.Tensor) -> torch.Tens
     return torch.tril(raw_offdiag, diagonal=-1) + torch.diag_embed(torch.exp(log_diag))
 
 
+def _tri_blocks(r: int, block: int):
+    return [(j, min(j + block, r)) for j in range(0, r, block)]
+
+
+class _TriangularRowSqNorm(torch.autograd.Function):
+    """``||F^T phi_i||^2`` per row with a blocked triangular product and a hand-written backward.
+
+    Autograd through sliced matmuls would allocate and zero-fill a ``b x r`` gradient per block;
+    here each block's product is written once and the row-major ``b x r`` gradient is assembled
+    by one concatenation, so the saved multiply-adds are not spent again on memory traffic.
+    """
+
+    @staticmethod
+    def forward(ctx, phi, F, lower: bool, block: int):
+        blocks = _tri_blocks(F.shape[-1], block)
+        if lower:  # column block [j, e) of a lower factor lives in rows j..r
+            us = [phi[:, j:] @ F[j:, j:e] for j, e in blocks]
+        else:  # of an upper factor, in rows 0..e
+            us = [phi[:, :e] @ F[:e, j:e] for j, e in blocks]
+        ctx.save_for_backward(phi, F, *us)
+        ctx.lower, ctx.block = lower, block
+        out = None
+        for u in us:
+            part = (u * u).sum(-1)
+            out = part if out is None else out + part
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        phi, F, *us = ctx.saved_tensors
+        lower = ctx.lower
+        blocks = _tri_blocks(F.shape[-1], ctx.block)
+        Gu = torch.cat(us, dim=1) * (2.0 * g).unsqueeze(-1)  # d out / d (phi F)
+        g_phi = g_F = None
+        if ctx.needs_input_grad[0]:
+            if lower:  # row block [i, e) of a lower factor is nonzero in columns 0..e
+                g_phi = torch.cat([Gu[:, :e] @ F[i:e, :e].transpose(0, 1) for i, e in blocks], dim=1)
+            else:
+                g_phi = torch.cat([Gu[:, i:] @ F[i:e, i:].transpose(0, 1) for i, e in blocks], dim=1)
+        if ctx.needs_input_grad[1]:
+            g_F = torch.zeros_like(F)
+            for j, e in blocks:
+                if lower:
+                    g_F[j:, j:e] = phi[:, j:].transpose(0, 1) @ Gu[:, j:e]
+                else:
+                    g_F[:e, j:e] = phi[:, :e].transpose(0, 1) @ Gu[:, j:e]
+        return g_phi, g_F, None, None
+
+
+def triangular_row_sqnorm(phi: torch.Tensor, F: torch.Tensor, lower: bool = True, block: int = 128) -> torch.Tensor:
+    """``((phi @ F) ** 2).sum(-1)`` for a triangular ``r x r`` factor ``F``, skipping its zero blocks.
+
+    Column block ``[j, j + s)`` of a lower factor is zero above row ``j`` (of an upper factor, below
+    row ``j + s``), so with ``k = ceil(r / s)`` blocks the product costs ``r^2 (k + 1) / (2k)``
+    multiply-adds per row instead of ``r^2`` (0.625 r^2 at r = 512, s = 128), in the forward pass
+    and in both gradient products. This is the predictive variance ``||F^T phi||^2`` of every
+    ``q(w) = N(m, F F^T)`` model. The gradient with respect to ``F`` is zero outside its triangle.
+    ``phi`` is ``b x r`` (2-D); small ``r`` uses the dense product.
+    """
+    r = F.shape[-1]
+    if r <= block or phi.dim() != 2:
+        u = phi @ F
+        return (u * u).sum(-1)
+    return _TriangularRowSqNorm.apply(phi, F, lower, block)
+
+
 def kl_std_normal(m: torch.Tensor, L: torch.Tensor, log_diag: torch.Tensor | None = None) -> torch.Tensor:
     """``KL(N(m, L L^T) || N(0, I_r)) = 0.5 (||m||^2 + ||L||_F^2 - r - 2 sum log L_jj)``."""
     r = m.shape[-1]

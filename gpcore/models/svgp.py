@@ -39,7 +39,14 @@ from gpcore.models.backbone import ResNetBackbone
 from gpcore.models.base import BaseConfig, GPModel, as_2d_float, register, register_alias, setting
 from gpcore.models.dbk import mml_from_stats
 from gpcore.models.kernels import stationary
-from gpcore.models.linalg import gaussian_nll, inv_softplus, kl_std_normal, psd_safe_cholesky, tril_factor
+from gpcore.models.linalg import (
+    gaussian_nll,
+    inv_softplus,
+    kl_std_normal,
+    psd_safe_cholesky,
+    triangular_row_sqnorm,
+    tril_factor,
+)
 
 #: at most this many (unique) training inputs are used by the k-means initialisation
 KMEANS_MAX_POINTS = 20000
@@ -253,7 +260,7 @@ class SVGP(GPModel):
         mod = self.module_
         phi64, corr64 = mod.features64(xb, Lz)
         phi, corr = phi64.to(xb.dtype), corr64.to(xb.dtype)
-        s2f = (phi @ mod.q_factor()).pow(2).sum(-1)
+        s2f = triangular_row_sqnorm(phi, mod.q_factor())  # blocked: skips L's zero upper triangle
         return {"phi": phi, "mean": mod.mu0 + phi @ mod.m, "s2f": s2f, "corr": corr, "s2f_corr": s2f + corr}
 
     def kl(self) -> torch.Tensor:

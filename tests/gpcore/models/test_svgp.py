@@ -437,7 +437,9 @@ def test_svgp_learns_like_the_exact_gp_on_a_1d_problem():
     yv = f(Xv[:, 0]) + 0.2 * rng.normal(size=50)
     Xt = np.linspace(-1.9, 1.9, 300)[:, None]
     exact = make_model("exact", dtype="float64", device="cpu").fit(X, y)
-    svgp = make_model("svgp", num_inducing=16, epochs=200, batch_size=50, lr=3e-2, patience=200,
+    # m = 24: with 16 inducing points for this two-frequency function the outcome hinged on the
+    # optimiser's rounding (seeds 0-4 gave RMSE 0.040-0.087, fused AdamW or not); 24 gave 0.044-0.070
+    svgp = make_model("svgp", num_inducing=24, epochs=200, batch_size=50, lr=3e-2, patience=200,
                       dtype="float64", device="cpu").fit(X, y, Xv, yv)
     rmse_exact = np.sqrt(np.mean((exact.predict(Xt).mean - f(Xt[:, 0])) ** 2))
     rmse_svgp = np.sqrt(np.mean((svgp.predict(Xt).mean - f(Xt[:, 0])) ** 2))
