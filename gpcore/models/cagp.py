@@ -51,6 +51,7 @@ from torch import nn
 
 from gpcore.errors import InputError
 from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
+from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
 
@@ -352,7 +353,7 @@ class _SymBlockKernelActions(torch.autograd.Function):
         return None, gV, gell, go, None, None
 
 
-class CaGPKernel(nn.Module):
+class CaGPKernel(SoftplusHyperparameters, nn.Module):
     """Stationary kernel ``outputscale * rho(||(x - x') / ell||)`` (Matérn-3/2 ARD by default).
 
     Parameters
@@ -383,14 +384,6 @@ class CaGPKernel(nn.Module):
         self.cpu_threads = int(cpu_threads)
         self.raw_ell = nn.Parameter(torch.full((d if ard else 1,), inv_softplus(lengthscale_init)))
         self.raw_outputscale = nn.Parameter(torch.tensor(inv_softplus(outputscale_init)))
-
-    @property
-    def lengthscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_ell)
-
-    @property
-    def outputscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_outputscale)
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
         """Dense kernel matrix ``n1 x n2`` (small inputs only)."""
@@ -853,7 +846,7 @@ class CaGPConfig(BaseConfig):
     patience: int = setting(20, help="epochs without validation-NLL improvement before stopping", min=1)
 
 
-class CaGPModule(nn.Module):
+class CaGPModule(SoftplusHyperparameters, nn.Module):
     """Parameters (kernel, noise, mean, actions) and prediction caches of a CaGP model.
 
     Buffers: ``X_train`` (training inputs; block layout for ``actions="opt"``), ``index`` / ``mask``
@@ -901,10 +894,6 @@ class CaGPModule(nn.Module):
             if buf is not None and buf.dtype != torch.float64:
                 self._buffers[name] = buf.double()
         return self
-
-    @property
-    def noise(self) -> torch.Tensor:
-        return self.noise_floor + nn.functional.softplus(self.raw_noise)
 
     def actions(self, Xs: torch.Tensor | None = None):
         """The current actions over ``Xs`` (default: the stored training inputs)."""

@@ -26,6 +26,7 @@ from torch import nn
 from gpcore.distributed import batch_max, local_grad_scale, reduce_stats_
 from gpcore.models.backbone import ResNetBackbone
 from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
+from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import (
     LOG_2PI,
@@ -60,7 +61,7 @@ class DBKConfig(BaseConfig):
     jitter: float = setting(1e-6, help="relative jitter added to K_ZZ before its Cholesky (DBK-RBF)", min=0.0)
 
 
-class DBKModule(nn.Module):
+class DBKModule(SoftplusHyperparameters, nn.Module):
     def __init__(self, d: int, cfg: DBKConfig):
         super().__init__()
         r, h = cfg.rank, cfg.hidden
@@ -86,20 +87,11 @@ class DBKModule(nn.Module):
         self.register_buffer("post_m", torch.zeros(r))
         self.register_buffer("post_U", torch.zeros(r, r))
 
-    @property
-    def noise(self) -> torch.Tensor:
-        return self.noise_floor + nn.functional.softplus(self.raw_noise)
-
-    @property
-    def outputscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_outputscale)
-
     def latent(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)
 
     def chol_zz(self) -> torch.Tensor:
-        ell = nn.functional.softplus(self.raw_ell)
-        Kzz = stationary("rbf", self.Z, self.Z, ell, self.outputscale)
+        Kzz = stationary("rbf", self.Z, self.Z, self.lengthscale, self.outputscale)
         eye = torch.eye(Kzz.shape[0], dtype=Kzz.dtype, device=Kzz.device)
         Kzz = Kzz + self.jitter * self.outputscale * eye
         return psd_safe_cholesky(Kzz, upcast=True)
@@ -109,9 +101,8 @@ class DBKModule(nn.Module):
         a = self.backbone(x)
         if self.basis == "silu":
             return self.scale * nn.functional.silu(self.expand(a))
-        ell = nn.functional.softplus(self.raw_ell)
         Lz = self.chol_zz() if Lz is None else Lz
-        Kza = stationary("rbf", self.Z, a, ell, self.outputscale)  # r x b
+        Kza = stationary("rbf", self.Z, a, self.lengthscale, self.outputscale)  # r x b
         return torch.linalg.solve_triangular(Lz, Kza, upper=False).transpose(-1, -2)
 
     def q_factor(self) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 
 from gpcore.errors import InputError
 from gpcore.models.base import BaseConfig, GPModel, register, setting
+from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import KERNEL_NAMES, stationary
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
 
@@ -34,7 +35,7 @@ class ExactConfig(BaseConfig):
     lr: float = setting(0.05, help="Adam learning rate", min=0.0, min_inclusive=False, main=True)
 
 
-class ExactModule(nn.Module):
+class ExactModule(SoftplusHyperparameters, nn.Module):
     def __init__(self, d: int, cfg: ExactConfig, n: int):
         super().__init__()
         self.kernel_name = cfg.kernel
@@ -46,18 +47,6 @@ class ExactModule(nn.Module):
         self.register_buffer("X_train", torch.zeros(n, d))
         self.register_buffer("alpha", torch.zeros(n))
         self.register_buffer("L", torch.zeros(n, n))
-
-    @property
-    def lengthscale(self):
-        return nn.functional.softplus(self.raw_ell)
-
-    @property
-    def outputscale(self):
-        return nn.functional.softplus(self.raw_outputscale)
-
-    @property
-    def noise(self):
-        return self.noise_floor + nn.functional.softplus(self.raw_noise)
 
     def K(self, x1, x2):
         return stationary(self.kernel_name, x1, x2, self.lengthscale, self.outputscale)

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
+from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import KERNEL_NAMES, stationary
 from gpcore.models.linalg import LOG_2PI, inv_softplus
 
@@ -447,7 +448,7 @@ class SoftKIConfig(BaseConfig):
     lr: float = setting(0.01, help="Adam learning rate (paper: 0.01)", min=0.0, min_inclusive=False, main=True)
 
 
-class SoftKIModule(nn.Module):
+class SoftKIModule(SoftplusHyperparameters, nn.Module):
     """Parameters (Z, lengthscale, outputscale, noise) and posterior caches of a SoftKI model."""
 
     def __init__(self, d: int, cfg: SoftKIConfig, Z0: torch.Tensor | None = None, x_scale: torch.Tensor | None = None):
@@ -469,14 +470,6 @@ class SoftKIModule(nn.Module):
         self.register_buffer("kzz_alpha", torch.zeros(m))
         self.register_buffer("R", torch.zeros(m, m))
         self.register_buffer("var_factor", torch.zeros(m, m))
-
-    @property
-    def lengthscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_ell)
-
-    @property
-    def outputscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_outputscale)
 
     @property
     def noise(self) -> torch.Tensor:

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from gpcore.models.base import BaseConfig, GPModel, register, setting
+from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import KERNEL_NAMES, stationary
 from gpcore.models.linalg import (
     LOG_2PI,
@@ -150,7 +151,7 @@ def kmeans_objective(X: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-class SolveGPModule(nn.Module):
+class SolveGPModule(SoftplusHyperparameters, nn.Module):
     """All SOLVE-GP parameters and prediction caches (``M = len(Z)``, ``M2 = len(O)``)."""
 
     def __init__(self, d: int, cfg: SolveGPConfig, Z: torch.Tensor, O: torch.Tensor):
@@ -181,18 +182,6 @@ class SolveGPModule(nn.Module):
         self.register_buffer("cache_av", torch.zeros(M2))  # C_vv^{-1} m_v
         self.register_buffer("cache_Pu", torch.zeros(M, M))  # L_u^T L_u0^{-T}
         self.register_buffer("cache_Pv", torch.zeros(M2, M2))  # L_v^T L_v0^{-T}
-
-    @property
-    def lengthscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_ell)
-
-    @property
-    def outputscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_outputscale)
-
-    @property
-    def noise(self) -> torch.Tensor:
-        return self.noise_floor + nn.functional.softplus(self.raw_noise)
 
     def K(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
         """Prior kernel ``k(x1, x2)`` (``n1 x n2``) in the dtype of ``x1``."""

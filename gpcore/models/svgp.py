@@ -38,6 +38,7 @@ from torch import nn
 from gpcore.models.backbone import ResNetBackbone
 from gpcore.models.base import BaseConfig, GPModel, as_2d_float, register, register_alias, setting
 from gpcore.models.dbk import mml_from_stats
+from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import (
     gaussian_nll,
@@ -101,7 +102,7 @@ class SVGPConfig(BaseConfig):
     weight_decay: float = setting(1e-2, help="AdamW weight decay on the backbone only", min=0.0)
 
 
-class SVGPModule(nn.Module):
+class SVGPModule(SoftplusHyperparameters, nn.Module):
     """Parameters of a whitened sparse-variational GP (``r`` inducing points in ``R^p``).
 
     ``p = d`` for ``kernel="rbf"`` and ``p = h`` for ``kernel="deep"``.
@@ -126,19 +127,6 @@ class SVGPModule(nn.Module):
         self.m = nn.Parameter(torch.zeros(r))
         self.A = nn.Parameter(torch.randn(r, r) / r)
         self.rho = nn.Parameter(torch.full((r,), -0.5 * math.log(r)))
-
-    # ------------------------------------------------------------------ hyperparameters
-    @property
-    def noise(self) -> torch.Tensor:
-        return self.noise_floor + nn.functional.softplus(self.raw_noise)
-
-    @property
-    def outputscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_outputscale)
-
-    @property
-    def lengthscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_ell)
 
     # ------------------------------------------------------------------ kernel pieces
     def latent(self, x: torch.Tensor) -> torch.Tensor:
