@@ -25,8 +25,9 @@ TSQR over row chunks so no ``n x m`` matrix is ever held. Prediction::
     s2_f(x)  = || R^{-T} K_zz w(x) ||^2        (C^ = R^T R; the corrected variance, NOT eq. 24 — S4)
 
 The building blocks (:func:`softmax_weights`, :func:`pseudo_logp`, :func:`exact_batch_logp`,
-:func:`qr_fit`, :func:`qr_fit_stream`, :func:`normal_equation_fit`, :func:`kmeans`) are plain
-functions of tensors so tests can compare them with dense float64 oracles.
+:func:`qr_fit`, :func:`qr_fit_stream`, :func:`normal_equation_fit`) are plain functions of tensors so
+tests can compare them with dense float64 oracles; the inducing points start from
+:func:`gpcore.models.inducing.kmeans`, shared with SVGP and SOLVE-GP.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from torch import nn
 
 from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
 from gpcore.models.hyper import SoftplusHyperparameters
+from gpcore.models.inducing import kmeans
 from gpcore.models.kernels import KERNEL_NAMES, stationary
 from gpcore.models.linalg import LOG_2PI, inv_softplus
 
@@ -80,58 +82,6 @@ def softmax_weights(X: torch.Tensor, Z: torch.Tensor, tau: float = 1.0) -> torch
     W : ``n x m``, non-negative, rows summing to 1.
     """
     return weights_from_distances(pairwise_distances(X, Z), tau)
-
-
-@torch.no_grad()
-def kmeans(
-    X: torch.Tensor, m: int, iters: int = 10, seed: int = 0, chunk: int = 65536, max_points: int = KMEANS_MAX_POINTS
-) -> torch.Tensor:
-    """Seeded k-means (k-means++ initialisation, then ``iters`` Lloyd iterations), in torch.
-
-    Parameters
-    ----------
-    X : ``n x d`` points. At most ``max_points`` randomly chosen rows are used.
-    m : number of centres. When ``X`` has fewer than ``m`` distinct rows the extra centres are
-        drawn uniformly from the bounding box of ``X``.
-    iters : Lloyd iterations; an empty cluster keeps its centre.
-    seed : seed of the private generator (the global RNG is not touched).
-
-    Returns
-    -------
-    C : ``m x d`` centres (same dtype and device as ``X``).
-    """
-    gen = torch.Generator().manual_seed(int(seed))
-    dev = X.device
-    n, d = X.shape
-    if n > max_points:
-        X = X[torch.randperm(n, generator=gen)[:max_points].to(dev)]
-        n = max_points
-    # k-means++ seeding: next centre drawn with probability ∝ squared distance to the chosen ones
-    C = X.new_empty(m, d)
-    first = int(torch.randint(n, (1,), generator=gen))
-    C[0] = X[first]
-    best = (X - C[0]).pow(2).sum(-1)
-    lo, hi = X.min(0).values, X.max(0).values
-    for j in range(1, m):
-        total = best.sum()
-        u = torch.rand(1, generator=gen, dtype=X.dtype).to(dev)
-        if float(total) > 0.0:
-            idx = torch.searchsorted(torch.cumsum(best, 0), u * total, right=True).clamp_max(n - 1)
-            C[j] = X[idx[0]]
-        else:  # fewer distinct points than centres
-            C[j] = lo + (hi - lo) * torch.rand(d, generator=gen, dtype=X.dtype).to(dev)
-        best = torch.minimum(best, (X - C[j]).pow(2).sum(-1))
-    for _ in range(iters):
-        sums = torch.zeros_like(C)
-        counts = X.new_zeros(m)
-        for i in range(0, n, chunk):
-            Xc = X[i : i + chunk]
-            d2 = Xc.pow(2).sum(-1, keepdim=True) - 2.0 * Xc @ C.T + C.pow(2).sum(-1)
-            idx = d2.argmin(-1)
-            sums.index_add_(0, idx, Xc)
-            counts.index_add_(0, idx, torch.ones_like(idx, dtype=X.dtype))
-        C = torch.where((counts > 0)[:, None], sums / counts.clamp_min(1.0)[:, None], C)
-    return C
 
 
 # --------------------------------------------------------------------------------------------
@@ -526,7 +476,8 @@ class SoftKI(GPModel):
             sd = Xs.std(0, unbiased=False)
             x_scale = torch.where(sd > 1e-8, sd, x_scale)
         # k-means in the units the interpolation distances are measured in
-        Z0 = kmeans(Xs / x_scale, cfg.num_inducing, iters=cfg.kmeans_iters, seed=cfg.seed) * x_scale
+        Z0 = kmeans(Xs / x_scale, cfg.num_inducing, iters=cfg.kmeans_iters, seed=cfg.seed,
+                    max_points=KMEANS_MAX_POINTS) * x_scale
         return SoftKIModule(d, cfg, Z0=Z0, x_scale=x_scale)
 
     # ------------------------------------------------------------------ training
@@ -638,7 +589,6 @@ __all__ = [
     "SoftKIModule",
     "batch_solve",
     "exact_batch_logp",
-    "kmeans",
     "make_probes",
     "merge_factors",
     "normal_equation_fit",

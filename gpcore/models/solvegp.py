@@ -39,6 +39,7 @@ from torch import nn
 
 from gpcore.models.base import BaseConfig, GPModel, register, setting
 from gpcore.models.hyper import SoftplusHyperparameters
+from gpcore.models.inducing import kmeans
 from gpcore.models.kernels import KERNEL_NAMES, stationary
 from gpcore.models.linalg import (
     LOG_2PI,
@@ -99,51 +100,6 @@ def _tri(L: torch.Tensor, B: torch.Tensor, transpose: bool = False) -> torch.Ten
     if transpose:
         return torch.linalg.solve_triangular(L.transpose(-1, -2), B, upper=True)
     return torch.linalg.solve_triangular(L, B, upper=False)
-
-
-def kmeans(X: torch.Tensor, k: int, iters: int, generator: torch.Generator, max_points: int = 50000,
-           chunk: int = 8192) -> torch.Tensor:
-    """Small seeded k-means (Lloyd) in torch.
-
-    Parameters
-    ----------
-    X : ``n x d`` points.
-    k : number of centres.
-    iters : Lloyd iterations after the initialisation.
-    generator : CPU ``torch.Generator`` (all randomness comes from it).
-    max_points : the algorithm runs on a random subset of at most this many points.
-    chunk : rows per distance block (memory ``O(chunk k)``).
-
-    Returns
-    -------
-    ``k x d`` distinct centres. Initialised from ``k`` distinct data points; when the data hold fewer
-    than ``k`` distinct points, the remaining centres are drawn uniformly from the data's bounding box.
-    Empty clusters keep their previous centre.
-    """
-    dev = X.device
-    n, d = X.shape
-    if n > max_points:
-        X = X[torch.randperm(n, generator=generator)[:max_points].to(dev)]
-    U = torch.unique(X, dim=0)
-    U = U[torch.randperm(U.shape[0], generator=generator).to(dev)]
-    if U.shape[0] >= k:
-        C = U[:k].clone()
-    else:
-        lo, hi = X.min(0).values, X.max(0).values
-        extra = torch.rand(k - U.shape[0], d, generator=generator, dtype=X.dtype).to(dev)
-        C = torch.cat([U, lo + (hi - lo) * extra])
-    ones = torch.ones(X.shape[0], dtype=X.dtype, device=dev)
-    for _ in range(iters):
-        assign = torch.cat([torch.cdist(X[i : i + chunk], C).argmin(1) for i in range(0, X.shape[0], chunk)])
-        sums = torch.zeros_like(C).index_add_(0, assign, X)
-        counts = torch.zeros(k, dtype=X.dtype, device=dev).index_add_(0, assign, ones)
-        C = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], C)
-    return C
-
-
-def kmeans_objective(X: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
-    """Mean squared distance of each row of ``X`` to its nearest centre in ``C``."""
-    return torch.cdist(X, C).min(1).values.pow(2).mean()
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,7 +193,7 @@ class SolveGP(GPModel):
         if Xs is None:  # loading: every tensor is overwritten by the saved state
             return SolveGPModule(d, cfg, torch.zeros(M, d), torch.zeros(M2, d))
         gen = torch.Generator().manual_seed(cfg.seed)
-        C = kmeans(Xs.detach(), M + M2, cfg.kmeans_iters, gen, cfg.kmeans_max_points)
+        C = kmeans(Xs.detach(), M + M2, cfg.kmeans_iters, gen, max_points=cfg.kmeans_max_points)
         perm = torch.randperm(M + M2, generator=gen).to(C.device)
         Z, O = C[perm[:M]], C[perm[M:]]
         mod = SolveGPModule(d, cfg, Z.cpu(), O.cpu()).to(device=Xs.device, dtype=Xs.dtype)

@@ -39,6 +39,7 @@ from gpcore.models.backbone import ResNetBackbone
 from gpcore.models.base import BaseConfig, GPModel, as_2d_float, register, register_alias, setting
 from gpcore.models.dbk import mml_from_stats
 from gpcore.models.hyper import SoftplusHyperparameters
+from gpcore.models.inducing import kmeans
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import (
     gaussian_nll,
@@ -170,35 +171,6 @@ class SVGPModule(SoftplusHyperparameters, nn.Module):
         return tril_factor(self.A, self.rho)
 
 
-def kmeans(A: torch.Tensor, k: int, generator: torch.Generator, iters: int = 25) -> torch.Tensor:
-    """k-means++ seeding plus Lloyd iterations on the rows of ``A`` (``n x p``, ``n >= k`` distinct rows).
-
-    Returns ``k x p`` centres; an empty cluster keeps its previous centre. Random numbers come from
-    the (CPU) ``generator``, so the result is reproducible on any device.
-    """
-    n = A.shape[0]
-    sq = A.pow(2).sum(-1)
-    first = int(torch.randint(n, (1,), generator=generator))
-    idx = [first]
-    d2 = (sq - 2.0 * A @ A[first] + sq[first]).clamp_min(0.0)
-    d2[first] = 0.0
-    for u in torch.rand(k - 1, generator=generator, dtype=torch.float64).tolist():
-        cum = torch.cumsum(d2.double(), 0)
-        j = int(torch.searchsorted(cum, u * cum[-1]).clamp_max(n - 1))
-        idx.append(j)
-        d2[j] = 0.0
-        d2 = torch.minimum(d2, (sq - 2.0 * A @ A[j] + sq[j]).clamp_min(0.0))
-    C = A[torch.tensor(idx, device=A.device)].clone()
-    ones = torch.ones(n, dtype=A.dtype, device=A.device)
-    for _ in range(iters):
-        dist = sq[:, None] - 2.0 * A @ C.T + C.pow(2).sum(-1)
-        assign = dist.argmin(-1)
-        sums = torch.zeros_like(C).index_add_(0, assign, A)
-        counts = torch.zeros(k, dtype=A.dtype, device=A.device).index_add_(0, assign, ones)
-        C = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], C)
-    return C
-
-
 @register("svgp", description="Sparse variational GP (whitened inducing points; ELBO; RBF or deep kernel)",
           objective="elbo", kernel="rbf")
 class SVGP(GPModel):
@@ -236,7 +208,7 @@ class SVGP(GPModel):
             return torch.cat([A, extra])
         if cfg.inducing_init == "random":
             return A[torch.randperm(A.shape[0], generator=gen)[:r].to(A.device)]
-        return kmeans(A, r, gen)
+        return kmeans(A, r, iters=25, generator=gen, max_points=KMEANS_MAX_POINTS)
 
     # ------------------------------------------------------------------ per-batch quantities
     def terms(self, xb: torch.Tensor, Lz: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

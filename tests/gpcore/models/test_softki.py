@@ -14,7 +14,6 @@ from gpcore.models.linalg import inv_softplus
 from gpcore.models.softki import (
     batch_solve,
     exact_batch_logp,
-    kmeans,
     make_probes,
     merge_factors,
     normal_equation_fit,
@@ -434,27 +433,6 @@ def test_prior_and_posterior_variance_bounds():
 # --------------------------------------------------------------------------------------------
 # k-means, fitting, caches
 # --------------------------------------------------------------------------------------------
-
-
-def test_kmeans_recovers_separated_clusters_and_is_seeded():
-    g = torch.Generator().manual_seed(0)
-    centres = torch.tensor([[-0.8, -0.8], [0.0, 0.7], [0.8, -0.5]], dtype=DT)
-    X = torch.cat([c + 0.05 * torch.randn(60, 2, generator=g, dtype=DT) for c in centres])
-    C = kmeans(X, 3, iters=10, seed=3)
-    order = torch.cdist(centres, C).argmin(-1)
-    assert sorted(order.tolist()) == [0, 1, 2]
-    torch.testing.assert_close(C[order], torch.stack([X[60 * i : 60 * (i + 1)].mean(0) for i in range(3)]))
-    assert torch.equal(kmeans(X, 3, seed=3), C)
-
-    def inertia(c):
-        return torch.cdist(X, c).min(-1).values.pow(2).sum()
-
-    C0 = kmeans(X, 12, iters=0, seed=1)
-    C1 = kmeans(X, 12, iters=10, seed=1)
-    assert inertia(C1) <= inertia(C0)
-    assert torch.unique(C1, dim=0).shape[0] == 12
-    more = kmeans(X[:5], 8, iters=3, seed=0)  # more centres than points: still m distinct centres
-    assert more.shape == (8, 2) and torch.isfinite(more).all()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from torch.distributions import MultivariateNormal, kl_divergence
 
 from gpcore import make_model
 from gpcore.models.linalg import inv_softplus
-from gpcore.models.solvegp import kmeans, kmeans_objective
 from tests.gpcore.models.battery import ModelBattery
 
 SQ3 = np.sqrt(3.0)
@@ -522,18 +521,7 @@ def test_q_initialised_to_prior(whiten):
         close(s2, np.full(40, float(model.module_.outputscale)))
 
 
-def test_kmeans_initialisation():
-    rng = np.random.default_rng(12)
-    X = torch.tensor(np.concatenate([rng.normal(c, 0.05, (60, 2)) for c in (-0.6, 0.0, 0.6)]))
-    X = torch.cat([X, X[:30]])  # duplicated rows must not give duplicated centres
-    C0 = kmeans(X, 9, 0, torch.Generator().manual_seed(0))
-    C = kmeans(X, 9, 10, torch.Generator().manual_seed(0))
-    assert C.shape == (9, 2) and torch.unique(C, dim=0).shape[0] == 9
-    assert float(kmeans_objective(X, C)) <= float(kmeans_objective(X, C0))
-    torch.testing.assert_close(C, kmeans(X, 9, 10, torch.Generator().manual_seed(0)))
-    # fewer distinct points than centres: the rest are drawn in the bounding box
-    Cs = kmeans(X[:4], 7, 3, torch.Generator().manual_seed(0))
-    assert torch.unique(Cs, dim=0).shape[0] == 7
+def test_inducing_points_split_kmeans_centres():
     # the model splits M + M2 k-means centres at random into Z and O
     model, Xs, _ = build(M=4, M2=6)
     Z, O = model.inducing_points

@@ -16,7 +16,6 @@ from scipy.stats import multivariate_normal
 
 from gpcore import make_model
 from gpcore.models.linalg import inv_softplus
-from gpcore.models.svgp import kmeans
 from gpcore.train import iterate_batches
 from tests.gpcore.models.battery import ModelBattery
 
@@ -396,16 +395,6 @@ def test_kmeans_init_distinct_centres_of_duplicated_data():
     model = make_model("svgp", num_inducing=70, inducing_init="random", dtype="float64", device="cpu")
     Z = model._init_inducing(model._build(2, None, None), torch.as_tensor(X)).numpy()
     assert Z.shape == (70, 2) and np.unique(Z, axis=0).shape[0] == 70
-
-
-def test_kmeans_reduces_within_cluster_distance():
-    rng = np.random.default_rng(1)
-    centres = rng.uniform(-1, 1, size=(4, 2))
-    A = torch.as_tensor(np.repeat(centres, 50, axis=0) + 0.01 * rng.normal(size=(200, 2)))
-    C = kmeans(A, 4, torch.Generator().manual_seed(3)).numpy()
-    # every true centre has a k-means centre next to it
-    dist = np.sqrt(((centres[:, None] - C[None]) ** 2).sum(-1)).min(1)
-    assert dist.max() < 0.01
 
 
 def test_fixed_inducing_points_stay_fixed():
