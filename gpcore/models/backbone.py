@@ -21,6 +21,40 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+#: oneDNN's fused linear (+ activation) kernel, resolved on first use; ``False`` when unavailable
+_ONEDNN_LINEAR = None
+
+
+def _onednn_linear():
+    global _ONEDNN_LINEAR
+    if _ONEDNN_LINEAR is None:
+        try:
+            _ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise if torch.backends.mkldnn.is_available() else False
+        except (AttributeError, RuntimeError):
+            _ONEDNN_LINEAR = False
+    return _ONEDNN_LINEAR
+
+
+def linear_act(x: torch.Tensor, lin: nn.Linear, act: str | None = None) -> torch.Tensor:
+    """``act(lin(x))`` with ``act`` in ``(None, "silu")``.
+
+    For CPU float32 inference (no autograd) this is one oneDNN call with the bias and SiLU fused
+    into the matmul: no ``b x out`` bias copy and no separate activation pass, about 8 % off DBK's
+    prediction time on the 2-core CPU. The kernel is the one ``torch.compile`` uses for CPU linears
+    (``torch.ops.mkldnn._linear_pointwise``, a private op): when it is missing or fails, the plain
+    ``nn.Linear`` path is used from then on. Both agree to float32 rounding (tests).
+    """
+    if not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32:
+        op = _onednn_linear()
+        if op:
+            try:
+                return op(x.contiguous(), lin.weight, lin.bias, "swish" if act == "silu" else "none", [], "")
+            except RuntimeError:
+                global _ONEDNN_LINEAR
+                _ONEDNN_LINEAR = False
+    out = lin(x)
+    return nn.functional.silu(out, inplace=not torch.is_grad_enabled()) if act == "silu" else out
+
 
 class ResidualBlock(nn.Module):
     def __init__(self, h: int):
@@ -30,7 +64,7 @@ class ResidualBlock(nn.Module):
         self.lin2 = nn.Linear(h, h)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return z + self.lin2(nn.functional.silu(self.lin1(self.norm(z))))
+        return z + linear_act(linear_act(self.norm(z), self.lin1, "silu"), self.lin2)
 
 
 class ResNetBackbone(nn.Module):
@@ -58,7 +92,7 @@ class ResNetBackbone(nn.Module):
         v = W1g @ (b - b.mean())
         w = blk.lin1.weight @ blk.norm.bias + blk.lin1.bias
         pre = torch.addmm(v, x, M.transpose(0, 1)) * inv_sigma + w
-        return z0 + blk.lin2(nn.functional.silu(pre))
+        return z0 + linear_act(nn.functional.silu(pre, inplace=not torch.is_grad_enabled()), blk.lin2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.factor_first:
@@ -72,8 +106,8 @@ class ResNetBackbone(nn.Module):
         return nn.functional.silu(self.norm(z))
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The unfactored forward (the definition; used by the tests)."""
+        """The unfactored forward with plain modules (the definition; used by the tests)."""
         z = self.inp(x)
         for block in self.blocks:
-            z = block(z)
+            z = z + block.lin2(nn.functional.silu(block.lin1(block.norm(z))))
         return nn.functional.silu(self.norm(z))

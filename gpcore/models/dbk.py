@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gpcore.distributed import batch_max, local_grad_scale, reduce_stats_
-from gpcore.models.backbone import ResNetBackbone
+from gpcore.models.backbone import ResNetBackbone, linear_act
 from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import stationary
@@ -289,7 +289,7 @@ class DBK(GPModel):
         for i in range(0, xb.shape[0], self._PREDICT_BLOCK):
             x = xb[i : i + self._PREDICT_BLOCK]
             if mod.basis == "silu":
-                phi = nn.functional.silu(mod.expand(mod.backbone(x)), inplace=not torch.is_grad_enabled())
+                phi = linear_act(mod.backbone(x), mod.expand, "silu")
             else:
                 phi = mod.features(x, Lz)
             mean[i : i + x.shape[0]] = phi @ m

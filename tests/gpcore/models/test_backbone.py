@@ -43,3 +43,41 @@ def test_wide_inputs_and_no_blocks_use_the_plain_path():
 def test_state_dict_names_are_those_of_the_plain_modules():
     names = set(ResNetBackbone(2, 16).state_dict())
     assert {"inp.weight", "blocks.0.norm.weight", "blocks.0.lin1.weight", "blocks.1.lin2.bias", "norm.bias"} <= names
+
+
+def test_float32_inference_path_matches_the_plain_modules():
+    """No-grad float32 on CPU takes the fused oneDNN linear when available; same numbers to fp32 rounding."""
+    import gpcore.models.backbone as bb
+
+    g = _randomised(2, 64, 2).float()
+    x = torch.rand(300, 2) * 2 - 1
+    with torch.no_grad():
+        fast = g(x)
+        ref = g.reference_forward(x)
+    torch.testing.assert_close(fast, ref, rtol=2e-5, atol=2e-6)
+    lin = torch.nn.Linear(64, 32)
+    a = torch.randn(50, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(bb.linear_act(a, lin, "silu"), torch.nn.functional.silu(lin(a)), rtol=2e-5,
+                                   atol=2e-6)
+        torch.testing.assert_close(bb.linear_act(a, lin), lin(a), rtol=2e-5, atol=2e-6)
+
+
+def test_fused_linear_falls_back_to_the_plain_path_when_the_kernel_fails(monkeypatch):
+    import gpcore.models.backbone as bb
+
+    def broken(*args):
+        raise RuntimeError("no oneDNN here")
+
+    monkeypatch.setattr(bb, "_ONEDNN_LINEAR", broken)
+    lin = torch.nn.Linear(8, 4)
+    a = torch.randn(5, 8)
+    with torch.no_grad():
+        out = bb.linear_act(a, lin, "silu")
+    torch.testing.assert_close(out, torch.nn.functional.silu(lin(a)))
+    assert bb._ONEDNN_LINEAR is False  # not retried
+    # with autograd the plain modules are used (the fused kernel has no backward)
+    monkeypatch.setattr(bb, "_ONEDNN_LINEAR", broken)
+    a.requires_grad_(True)
+    bb.linear_act(a, lin, "silu").sum().backward()
+    assert a.grad is not None and bb._ONEDNN_LINEAR is broken
