@@ -522,7 +522,9 @@ class GPModel:
             return self.y_mean_ + self.y_std_ * float(self._prior_mean_s())
 
     def _prior_mean_s(self) -> torch.Tensor:
-        return torch.zeros(())
+        """The module's ``mu0`` (standardised units); zero for modules without a learned mean."""
+        mu0 = getattr(self.module_, "mu0", None)
+        return torch.zeros(()) if mu0 is None else mu0
 
     # ---------------------------------------------------------------- training hooks
     def _step(self, xb: torch.Tensor, yb: torch.Tensor, n: int) -> torch.Tensor:
@@ -563,7 +565,8 @@ class GPModel:
         raise NotImplementedError
 
     def _noise_s(self) -> torch.Tensor:
-        raise NotImplementedError
+        """Noise variance in standardised units: the module's ``noise`` (see models/hyper.py)."""
+        return self.module_.noise
 
     # ---------------------------------------------------------------- persistence
     def _extra_state(self) -> dict:

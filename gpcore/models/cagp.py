@@ -1035,12 +1035,6 @@ class CaGP(GPModel):
     def _kernel_diag_s(self, xb):
         return self.module_.kernel.diag(xb)
 
-    def _noise_s(self):
-        return self.module_.noise
-
-    def _prior_mean_s(self):
-        return self.module_.mu0
-
     @property
     def lengthscale(self) -> np.ndarray:
         """Learned lengthscale(s) in the model's scaled input units ([-1, 1] box)."""

@@ -311,12 +311,6 @@ class DBK(GPModel):
 
         return inner
 
-    def _noise_s(self):
-        return self.module_.noise
-
-    def _prior_mean_s(self):
-        return self.module_.mu0
-
     @torch.no_grad()
     def features(self, X) -> torch.Tensor:
         """``phi(X)`` for caller inputs (``n x r`` tensor, standardised-target units)."""

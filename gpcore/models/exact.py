@@ -109,12 +109,6 @@ class ExactGP(GPModel):
     def _kernel_diag_s(self, xb):
         return self.module_.outputscale.expand(xb.shape[0])
 
-    def _noise_s(self):
-        return self.module_.noise
-
-    def _prior_mean_s(self):
-        return self.module_.mu0
-
     @property
     def lengthscale(self):
         """Learned lengthscale(s) in the model's scaled input units ([-1, 1] box)."""

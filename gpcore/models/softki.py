@@ -559,9 +559,6 @@ class SoftKI(GPModel):
 
         return inner
 
-    def _noise_s(self):
-        return self.module_.noise
-
     # ------------------------------------------------------------------ inspection
     @property
     def lengthscale(self) -> float:

@@ -564,12 +564,6 @@ class SolveGP(GPModel):
     def _kernel_diag_s(self, xb: torch.Tensor) -> torch.Tensor:
         return self.module_.outputscale.to(xb.dtype).expand(xb.shape[0])
 
-    def _noise_s(self) -> torch.Tensor:
-        return self.module_.noise
-
-    def _prior_mean_s(self) -> torch.Tensor:
-        return self.module_.mu0
-
     # ------------------------------------------------------------------ reporting
     @property
     def lengthscale(self):

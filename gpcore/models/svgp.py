@@ -337,12 +337,6 @@ class SVGP(GPModel):
 
         return inner
 
-    def _noise_s(self):
-        return self.module_.noise
-
-    def _prior_mean_s(self):
-        return self.module_.mu0
-
     # ------------------------------------------------------------------ inspection
     @property
     def lengthscale(self):
