@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import torch
-from _peers import gpytorch_svgp
+from _peers import GPyTorchSVGPEpochs
 
 from gpcore import make_model
 
@@ -50,33 +50,6 @@ def reset_peak_rss() -> None:
         pass
 
 
-class GPyTorchSVGPEpochs:
-    """GPyTorch SVGP (m inducing points, VariationalELBO, Adam) trained one epoch per call."""
-
-    def __init__(self, X, y, m, batch):
-        import gpytorch
-
-        torch.manual_seed(0)
-        self.Xt = torch.as_tensor(X, dtype=torch.float32)
-        self.yt = torch.as_tensor((y - y.mean()) / y.std(), dtype=torch.float32)
-        self.model, self.lik = gpytorch_svgp(torch.rand(m, X.shape[1]) * 2 - 1)
-        self.mll = gpytorch.mlls.VariationalELBO(self.lik, self.model, num_data=len(self.yt))
-        self.opt = torch.optim.Adam([*self.model.parameters(), *self.lik.parameters()], lr=1e-2)
-        self.batch = batch
-        self.model.train()
-        self.lik.train()
-
-    def epoch(self) -> float:
-        t0 = time.perf_counter()
-        perm = torch.randperm(len(self.yt))
-        for idx in torch.split(perm, self.batch):
-            self.opt.zero_grad()
-            loss = -self.mll(self.model(self.Xt[idx]), self.yt[idx])
-            loss.backward()
-            self.opt.step()
-        return time.perf_counter() - t0
-
-
 def interleaved_epochs(X, y, h, r, m, batch, epochs):
     """DBK-dPPGP and GPyTorch SVGP epochs, alternating: one DBK epoch, then one SVGP epoch, ...
 
@@ -85,7 +58,10 @@ def interleaved_epochs(X, y, h, r, m, batch, epochs):
     the SVGP epoch runs inside DBK's epoch callback and is excluded from DBK's epoch time.
     """
     try:
-        svgp = GPyTorchSVGPEpochs(X, y, m, batch)
+        torch.manual_seed(0)
+        Xt = torch.as_tensor(X, dtype=torch.float32)
+        yt = torch.as_tensor((y - y.mean()) / y.std(), dtype=torch.float32)
+        svgp = GPyTorchSVGPEpochs(Xt, yt, torch.rand(m, X.shape[1]) * 2 - 1, batch)
     except ImportError:
         svgp = None
         print("gpytorch not installed (pip install -e '.[bench]'): SVGP peer skipped")

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _peers import gpytorch_svgp  # noqa: E402
+from _peers import GPyTorchSVGPEpochs  # noqa: E402
 
 from gpcore import make_model  # noqa: E402
 from gpcore.device import describe_device  # noqa: E402
@@ -96,7 +96,7 @@ def bench_dbk(X, y, cfg: dict, device: torch.device) -> tuple[dict, object]:
 def bench_gpytorch_svgp(X, y, cfg: dict, device: torch.device) -> tuple[dict | None, object]:
     """Seconds per epoch of a standard GPyTorch SVGP (m inducing points, ARD RBF, Cholesky q(u))."""
     try:
-        import gpytorch
+        import gpytorch  # noqa: F401 (the peer is optional)
     except ImportError:
         return None, None
 
@@ -106,23 +106,9 @@ def bench_gpytorch_svgp(X, y, cfg: dict, device: torch.device) -> tuple[dict | N
     g = torch.Generator().manual_seed(0)
     Z = Xt[torch.randperm(n, generator=g)[:m].to(device)].clone()
 
-    model, lik = gpytorch_svgp(Z)
-    mll = gpytorch.mlls.VariationalELBO(lik, model, num_data=n)
-    opt = torch.optim.Adam([*model.parameters(), *lik.parameters()], lr=0.01)
-    model.train()
-    lik.train()
-    times = []
-    for _ in range(cfg["epochs"]):
-        _sync(device)
-        t0 = time.perf_counter()
-        perm = torch.randperm(n, generator=g).to(device)
-        for idx in torch.split(perm, cfg["batch"]):
-            opt.zero_grad(set_to_none=True)
-            loss = -mll(model(Xt[idx]), yt[idx])
-            loss.backward()
-            opt.step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+    peer = GPyTorchSVGPEpochs(Xt, yt, Z, cfg["batch"], lr=0.01, generator=g)
+    times = [peer.epoch() for _ in range(cfg["epochs"])]
+    model, lik = peer.model, peer.lik
     steady = times[1:] if len(times) > 1 else times
     model.eval()
     lik.eval()
