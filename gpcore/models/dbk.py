@@ -96,11 +96,12 @@ class DBKModule(SoftplusHyperparameters, nn.Module):
         Kzz = Kzz + self.jitter * self.outputscale * eye
         return psd_safe_cholesky(Kzz, upcast=True)
 
-    def features(self, x: torch.Tensor, Lz: torch.Tensor | None = None) -> torch.Tensor:
-        """``phi(x)``: ``b x d`` -> ``b x r``."""
+    def features(self, x: torch.Tensor, Lz: torch.Tensor | None = None, scaled: bool = True) -> torch.Tensor:
+        """``phi(x)``: ``b x d`` -> ``b x r``; ``scaled=False`` leaves out DBK-SiLU's signed scale ``s``."""
         a = self.backbone(x)
         if self.basis == "silu":
-            return self.scale * nn.functional.silu(self.expand(a))
+            h = linear_act(a, self.expand, "silu")
+            return self.scale * h if scaled else h
         Lz = self.chol_zz() if Lz is None else Lz
         Kza = stationary("rbf", self.Z, a, self.lengthscale, self.outputscale)  # r x b
         return torch.linalg.solve_triangular(Lz, Kza, upper=False).transpose(-1, -2)
@@ -149,11 +150,11 @@ class DBK(GPModel):
         return DBKModule(d, self.config)
 
     # ------------------------------------------------------------------ features
-    def _features_chunked(self, Xs: torch.Tensor, chunk: int):
+    def _features_chunked(self, Xs: torch.Tensor, chunk: int, scaled: bool = True):
         mod = self.module_
         Lz = mod.chol_zz() if mod.basis == "rbf" else None
         for i in range(0, Xs.shape[0], chunk):
-            yield i, mod.features(Xs[i : i + chunk], Lz)
+            yield i, mod.features(Xs[i : i + chunk], Lz, scaled)
 
     # ------------------------------------------------------------------ objectives
     def log_marginal_likelihood(self, Xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
@@ -285,15 +286,9 @@ class DBK(GPModel):
             m, F = mod.scale * m, mod.scale[:, None] * F  # diag(s) F keeps F's triangle
         mean = torch.empty(xb.shape[0], dtype=xb.dtype, device=xb.device)
         var = torch.empty_like(mean)
-        Lz = mod.chol_zz() if mod.basis == "rbf" else None
-        for i in range(0, xb.shape[0], self._PREDICT_BLOCK):
-            x = xb[i : i + self._PREDICT_BLOCK]
-            if mod.basis == "silu":
-                phi = linear_act(mod.backbone(x), mod.expand, "silu")
-            else:
-                phi = mod.features(x, Lz)
-            mean[i : i + x.shape[0]] = phi @ m
-            var[i : i + x.shape[0]] = triangular_row_sqnorm(phi, F, lower=lower)
+        for i, phi in self._features_chunked(xb, self._PREDICT_BLOCK, scaled=False):
+            mean[i : i + phi.shape[0]] = phi @ m
+            var[i : i + phi.shape[0]] = triangular_row_sqnorm(phi, F, lower=lower)
         return mod.mu0 + mean, var
 
     def _kernel_s(self, x1, x2):
