@@ -31,16 +31,6 @@ def make_run(store: Path, run_id: str, model: str = "dbk-rbf", seed: int = 0) ->
     return execute_run(tiny_config(model, seed, label=f"{model} tiny"), store / run_id)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def trained_store(tmp_path_factory) -> Path:
     """A store with two tiny runs on the default data set (dbk-rbf and dbk-silu)."""

@@ -15,6 +15,15 @@ from gpcore.data import DataError, read_measurements
 from gpcore.errors import ConfigError, GPCoreError
 
 
+def _zip(files: dict) -> bytes:
+    """An in-memory zip archive holding ``{name: content}``."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, content in files.items():
+            zf.writestr(name, content)
+    return buf.getvalue()
+
+
 def _err(src, **kw) -> str:
     with pytest.raises(DataError) as info:
         read_measurements(src, **kw)
@@ -54,28 +63,18 @@ def test_binary_garbage_and_unknown_formats(write_text):
 
 
 def test_excel_workbooks_are_refused_with_the_fix(write_text):
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("[Content_Types].xml", "<Types/>")
-        zf.writestr("xl/workbook.xml", "<workbook/>")
-    msg = _err(buf.getvalue(), name="speeds.xlsx")
+    xlsx = _zip({"[Content_Types].xml": "<Types/>", "xl/workbook.xml": "<workbook/>"})
+    msg = _err(xlsx, name="speeds.xlsx")
     assert "speeds.xlsx" in msg and "save the sheet as CSV" in msg
-    msg = _err(buf.getvalue(), name="renamed.zip")  # detected from content too
+    msg = _err(xlsx, name="renamed.zip")  # detected from content too
     assert "Office document" in msg and "CSV" in msg
     assert "save the sheet as CSV" in _err(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\x00" * 100, name="old.xls")
 
 
 def test_zip_without_data(write_text):
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("readme.md", "hello")
-        zf.writestr("a.png", "x")
-    msg = _err(buf.getvalue(), name="stuff.zip")
+    msg = _err(_zip({"readme.md": "hello", "a.png": "x"}), name="stuff.zip")
     assert "readme.md, a.png" in msg and "expected one Shapefile" in msg
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("p.shp", b"\x00\x00\x27\x0a")
-    assert "lacks its .shx and .dbf" in _err(buf.getvalue(), name="p.zip")
+    assert "lacks its .shx and .dbf" in _err(_zip({"p.shp": b"\x00\x00\x27\x0a"}), name="p.zip")
 
 
 def test_file_above_the_size_limit(write_csv, table):

@@ -32,15 +32,6 @@ from tests.gpcore.models.battery import ModelBattery, toy_data
 DT = torch.float64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These problems are tiny: one BLAS thread avoids oversubscribing the shared CPU cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class TestSoftKIBattery(ModelBattery):
     name = "softki"
     settings = {"num_inducing": 12, "epochs": 6, "batch_size": 32, "lr": 0.05}
