@@ -39,9 +39,10 @@ def linear_act(x: torch.Tensor, lin: nn.Linear, act: str | None = None) -> torch
     """``act(lin(x))`` with ``act`` in ``(None, "silu")``.
 
     For CPU float32 inference (no autograd) this is one oneDNN call with the bias and SiLU fused
-    into the matmul: no ``b x out`` bias copy and no separate activation pass. The kernel is the one ``torch.compile`` uses for CPU linears
-    (``torch.ops.mkldnn._linear_pointwise``, a private op): when it is missing or fails, the plain
-    ``nn.Linear`` path is used from then on. Both agree to float32 rounding (tests).
+    into the matmul: no ``b x out`` bias copy and no separate activation pass. The kernel is the
+    one ``torch.compile`` uses for CPU linears (``torch.ops.mkldnn._linear_pointwise``, a private
+    op): when it is missing or fails, the plain ``nn.Linear`` path is used from then on. Both agree
+    to float32 rounding (tests).
     """
     if not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32:
         op = _onednn_linear()
