@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from app.safe_html import html_text
 from gpcore import metrics as M
 
 STRATUM_COLORS = {"metro": "#d62728", "urban": "#d62728", "non-metro": "#1f77b4", "rural": "#1f77b4",
@@ -43,7 +44,7 @@ def width_violins(test: pd.DataFrame, units: str = "") -> go.Figure:
         part = df[df["stratum"] == s]
         fig.add_trace(
             go.Violin(
-                x=part["model"], y=part["width"], name=DISPLAY.get(str(s), str(s)), legendgroup=str(s),
+                x=part["model"], y=part["width"], name=html_text(DISPLAY.get(str(s), str(s))), legendgroup=str(s),
                 scalegroup=str(s),
                 side=("negative" if i == 0 else "positive") if two else None,
                 line_color=_color(s, i), meanline_visible=True, points=False, spanmode="hard",
@@ -60,7 +61,7 @@ def coverage_bars(metrics: pd.DataFrame, target: float = 0.95) -> go.Figure:
     groups = [g for g in metrics["group"].unique() if g != "unknown"]
     for i, g in enumerate(groups):
         part = metrics[metrics["group"] == g]
-        fig.add_trace(go.Bar(x=part["model"], y=part["coverage"], name=DISPLAY.get(str(g), str(g)),
+        fig.add_trace(go.Bar(x=part["model"], y=part["coverage"], name=html_text(DISPLAY.get(str(g), str(g))),
                              marker_color=_color(g, i),
                              text=[f"{100 * v:.1f}%" for v in part["coverage"]], textposition="outside"))
     fig.add_hline(y=target, line_dash="dash", line_color="black", annotation_text="95% target",

@@ -12,6 +12,7 @@ import numpy as np
 from app import cache
 from app import layers as L
 from app.colors import ColorScale, format_number, robust_limits
+from app.safe_html import html_text
 
 GRID_TOOLTIP = (
     "<b>cell {id}</b><br/>mean {m} {u}<br/>95% interval [{lo}, {hi}] {u}<br/>width {w} {u} ({wt} {tu})"
@@ -69,7 +70,7 @@ def grid_deck(run: cache.RunData, key: tuple[str, float], image_url: str, *, pic
         radius = L.cell_radius_m(run.half_w, run.half_h, float(np.median(run.grid["lat"])))
         layers.append(L.pick_layer("cells", L.Raw(cache.st_cells_json(*key)), radius))
         tip = L.tooltip(
-            GRID_TOOLTIP.replace("{u}", run.units or "").replace("{tu}", run.t_units or "")
+            GRID_TOOLTIP.replace("{u}", html_text(run.units or "")).replace("{tu}", html_text(run.t_units or ""))
         )
     layers += outlines
     if xref is not None:
@@ -91,7 +92,7 @@ def points_deck(data: cache.LoadedData, scale: ColorScale, outlines: list[dict],
         (w, e), (s, n) = np.quantile(lon, q), np.quantile(lat, q)
         bounds = (float(w), float(s), float(e), float(n))
     unit = data.units
-    tip_lines = [f"<b>{data.spec.y}</b> {{v}} {unit}"]
+    tip_lines = [f"<b>{html_text(data.spec.y)}</b> {{v}} {html_text(unit)}"]
     if "stratum" in f.columns:
         tip_lines.append("stratum {s}")
     tip = L.tooltip("<br/>".join(tip_lines))

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from gpcore.errors import GPCoreError
+
 DEFAULT_SAMPLE = "puerto_rico"
 MAP_KINDS = ("mean", "width", "data")
 UPLOAD_PREFIX = "upload:"
@@ -90,7 +92,8 @@ class DatasetSpec:
         return RunConfig(**fields)
 
     def _strata_arg(self) -> str | None:
-        if self.strata and self.strata.startswith("polygons:" + UPLOAD_PREFIX):
+        """The RunConfig ``strata``: polygon layers only as ``upload:`` or ``file:`` references (never a bare path)."""
+        if self.strata and self.strata.startswith("polygons:"):
             return "polygons:" + str(source_path(self.strata[len("polygons:") :]))
         return self.strata
 
@@ -107,11 +110,14 @@ class DatasetSpec:
 
     @classmethod
     def from_query(cls, qp) -> DatasetSpec | None:
+        """The spec a URL names (None without ``data``). URL parameters may name bundled samples and
+        uploads only: any other data source or polygon layer raises :class:`DataError` (never a server path)."""
         source = qp.get("data")
         if not source:
             return None
-        if not (source.startswith(SAMPLE_PREFIX) or source.startswith(UPLOAD_PREFIX)):
-            return None
+        check_url_reference("data", source)
+        if qp.get("strata"):
+            check_url_reference("strata", qp.get("strata"))
         base = cls.for_sample(source[len(SAMPLE_PREFIX) :]) if source.startswith(SAMPLE_PREFIX) else cls(source=source)
         changes = {}
         for key in ("quarter", "y", "transform", "lon", "lat", "weight", "time", "strata"):
@@ -153,6 +159,7 @@ def uploads_dir() -> Path:
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_UPLOAD_REF = re.compile(r"[0-9a-f]{16}/[A-Za-z0-9_.-]{1,200}")
 
 
 def save_upload(name: str, data: bytes) -> str:
@@ -174,6 +181,33 @@ def source_path(source: str) -> Path:
     return resolve_upload(source)
 
 
+def check_url_reference(param: str, value: str) -> None:
+    """The path policy of URL parameters: ``data`` names a bundled sample or an upload; ``strata`` is
+    ``county_metro``, ``column:<NAME>`` or ``polygons:upload:<digest>/<name>``. Anything else (a server
+    path, ``file:``) raises :class:`DataError` without touching the file system."""
+    from gpcore.data import SAMPLES
+    from gpcore.errors import DataError
+
+    if param == "data":
+        if value.startswith(SAMPLE_PREFIX) and value[len(SAMPLE_PREFIX) :] in SAMPLES:
+            return
+        if value.startswith(UPLOAD_PREFIX) and _UPLOAD_REF.fullmatch(value[len(UPLOAD_PREFIX) :]):
+            return
+        raise DataError(
+            f"the link's data={value[:80]!r} is not allowed: a link may name a bundled sample "
+            f"({', '.join(SAMPLE_PREFIX + k for k in SAMPLES)}) or an uploaded file (upload:<digest>/<name>)"
+        )
+    if value == "county_metro" or value.startswith("column:"):
+        return
+    ref = value[len("polygons:") :] if value.startswith("polygons:") else ""
+    if ref.startswith(UPLOAD_PREFIX) and _UPLOAD_REF.fullmatch(ref[len(UPLOAD_PREFIX) :]):
+        return
+    raise DataError(
+        f"the link's strata={value[:80]!r} is not allowed: use county_metro, column:<NAME> or an uploaded "
+        "polygon layer (polygons:upload:<digest>/<name>)"
+    )
+
+
 def resolve_upload(ref: str) -> Path:
     """File path of an ``upload:<digest>/<name>`` reference."""
     from gpcore.errors import DataError
@@ -184,7 +218,7 @@ def resolve_upload(ref: str) -> Path:
         raise DataError(f"'{ref}' is not an uploaded file reference")
     path = uploads_dir() / digest / name
     if not path.is_file():
-        raise DataError(f"the uploaded file '{name}' is no longer in {path.parent}; upload it again")
+        raise DataError(f"the uploaded file '{name}' is no longer on the server; upload it again")
     return path
 
 
@@ -216,7 +250,11 @@ def init_session() -> None:
     if ss.get("ua_initialised"):
         return
     qp = st.query_params
-    ss.ua_dataset = DatasetSpec.from_query(qp) or DatasetSpec.for_sample(DEFAULT_SAMPLE)
+    try:
+        ss.ua_dataset = DatasetSpec.from_query(qp) or DatasetSpec.for_sample(DEFAULT_SAMPLE)
+    except GPCoreError as exc:  # the URL names something links may not (see check_url_reference)
+        ss.ua_url_error = str(exc)
+        ss.ua_dataset = DatasetSpec.for_sample(DEFAULT_SAMPLE)
     ss.ua_run = qp.get("run") or None
     ss.ua_run2 = qp.get("run2") or None
     ss.ua_xref = parse_xref(qp.get("xref"))

@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import cache, mapview, state
 from app.colors import legend_html
+from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
 
 UPLOAD_TYPES = ["csv", "tsv", "txt", "parquet", "geoparquet", "geojson", "json", "gpkg", "zip"]
@@ -62,7 +63,7 @@ def source_picker(active: state.DatasetSpec) -> str | None:
     try:
         cache.st_inspect(ref)
     except GPCoreError as exc:
-        st.error(f"**{upload.name}** cannot be used: {exc}")
+        st.error(f"**{md_text(upload.name)}** cannot be used: {md_text(exc)}")
         st.caption("The previous data set and all runs are kept.")
         return None
     ss.ua_last_upload = ref
@@ -173,7 +174,7 @@ def strata_picker(base: state.DatasetSpec, cols: list[str], sfx: str):
 
         read_polygons(state.source_path(ref))
     except GPCoreError as exc:
-        st.error(f"**{up.name}** cannot be used as strata: {exc}")
+        st.error(f"**{md_text(up.name)}** cannot be used as strata: {md_text(exc)}")
         return False
     return f"polygons:{ref}"
 
@@ -184,7 +185,7 @@ def load_button(spec: state.DatasetSpec | None, active: state.DatasetSpec) -> No
         try:
             cache.st_load_dataset(spec)
         except GPCoreError as exc:
-            st.error(str(exc))
+            st.error(md_text(exc))
             st.caption("The previous data set and all runs are kept.")
             return
         state.set_dataset(spec)
@@ -197,14 +198,15 @@ def load_button(spec: state.DatasetSpec | None, active: state.DatasetSpec) -> No
 
 def summary(data: cache.LoadedData) -> None:
     rep = data.report
-    st.subheader(data.spec.label())
+    st.subheader(md_text(data.spec.label()))
     c = st.columns(4)
     c[0].metric("Rows used", f"{data.n:,}")
     c[1].metric("Rows read", f"{getattr(rep, 'rows_read', data.n):,}")
     dropped = sum(d.count for d in getattr(rep, "dropped", []) or [])
     c[2].metric("Rows dropped", f"{dropped:,}")
     c[3].metric("Strata", f"{len(data.strata_counts) or '–'}", help="groups used for per-stratum metrics")
-    st.markdown(f"Target `{data.spec.y}` ({data.units or 'units unknown'}), transform `{data.spec.transform}`")
+    st.markdown(f"Target {md_code(data.spec.y)} ({data.units or 'units unknown'}), "
+                f"transform {md_code(data.spec.transform)}")
     if rep is not None and rep.dropped:
         st.markdown("**Dropped rows and why**")
         st.dataframe(
@@ -216,7 +218,7 @@ def summary(data: cache.LoadedData) -> None:
     if counts:
         label = data.frame.attrs.get("strata_label", "strata")
         total = sum(counts.values()) or 1
-        st.markdown(f"**Strata** — {label}")
+        st.markdown(f"**Strata** — {md_text(label)}")
         st.dataframe(
             pd.DataFrame([{"stratum": k, "points": v, "share": f"{100 * v / total:.1f}%"} for k, v in counts.items()]),
             hide_index=True, width="stretch",

@@ -14,6 +14,7 @@ import streamlit as st
 from app import cache, mapview, state
 from app.colors import SCALES, format_number, legend_html
 from app.modelinfo import noise_text, uncertainty_note
+from app.safe_html import md_text
 from app.selection import picked_point
 from gpcore.errors import GPCoreError
 
@@ -113,9 +114,12 @@ def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
         if not p.is_file():
             return None
     x = cfg.get("x") or [None, None]
+    strata = cfg.get("strata")
+    if strata and strata.startswith("polygons:") and not strata.startswith(("polygons:upload:", "polygons:file:")):
+        strata = "polygons:file:" + strata[len("polygons:") :]  # a layer the run (e.g. the CLI) named by path
     return state.DatasetSpec(
         source=source, quarter=cfg.get("quarter"), y=cfg.get("y"), transform=cfg.get("transform", "identity"),
-        lon=x[0], lat=x[1], weight=cfg.get("weight"), time=cfg.get("time"), strata=cfg.get("strata"),
+        lon=x[0], lat=x[1], weight=cfg.get("weight"), time=cfg.get("time"), strata=strata,
     )
 
 
@@ -149,7 +153,7 @@ def data_map(run: cache.RunData, opts: dict, width_px: int = 560) -> None:
         try:
             data = cache.st_load_dataset(spec)
         except GPCoreError as exc:
-            st.warning(f"The run's data could not be read ({exc}); showing the active data set.")
+            st.warning(f"The run's data could not be read ({md_text(exc)}); showing the active data set.")
             data = st.session_state.ua_data
     scale, title = mapview.measurement_scale(data, opts["scale"])
     deck = mapview.points_deck(data, scale, outlines_for(run, opts["strata"]), basemap=opts["basemap"],
@@ -201,7 +205,7 @@ def point_summary(run: cache.RunData, key, xref) -> None:
 
 
 def run_header(run: cache.RunData) -> None:
-    st.markdown(f"#### {run.title()}")
+    st.markdown(f"#### {md_text(run.title())}")
     bits = [f"model `{run.model}`", noise_text(run.manifest, run.t_units), f"{len(run.grid):,} grid cells"]
     st.caption(" · ".join(b for b in bits if b))
     note = uncertainty_note(run.model)
