@@ -11,7 +11,9 @@
     python -m gpcore models
 
 ``--data`` takes a path or ``sample:<key>`` (``sample:puerto_rico``, ``sample:missouri_2020Q4``).
-Errors are printed to stderr with a non-zero exit status (2 for bad input or settings).
+Every failure the user can cause (bad data, settings, paths, damaged runs, a diverged fit, no GPU,
+out of memory) prints one ``error:`` line to stderr with exit status 2. Anything else is a bug: one
+``error: internal error`` line and exit status 3; ``--debug`` shows its traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 from pathlib import Path
 
 from gpcore.errors import GPCoreError
+from gpcore.store import load_run
 
 
 def _parse_sets(items: list[str] | None) -> dict:
@@ -101,18 +104,20 @@ def _progress_printer(prefix: str = ""):
 
 
 def cmd_fit(args) -> int:
-    from gpcore.runs import execute_run
+    from gpcore.runs import check_out_dir, execute_run
 
     cfg = _run_config(args, args.model, _parse_sets(args.set))
+    check_out_dir(args.out, args.overwrite)  # before any data is read or any rank starts training
     if getattr(args, "distributed", False):  # under torchrun; see gpcore.distributed
-        from gpcore.distributed import execute_run_distributed
+        from gpcore.sharded import execute_run_distributed
 
         log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-        out = execute_run_distributed(cfg, args.out, callback=_progress_printer(), log=log)
+        out = execute_run_distributed(cfg, args.out, callback=_progress_printer(), log=log, overwrite=args.overwrite)
         if out is None:  # not rank 0: rank 0 writes the run
             return 0
     else:
-        out = execute_run(cfg, args.out, callback=_progress_printer(), log=lambda m: print(m, file=sys.stderr))
+        out = execute_run(cfg, args.out, callback=_progress_printer(), log=lambda m: print(m, file=sys.stderr),
+                          overwrite=args.overwrite)
     manifest = json.loads((out / "run.json").read_text())
     print(_metrics_text(manifest["metrics"]))
     print(f"run written to {out}")
@@ -125,18 +130,6 @@ def _metrics_text(records) -> str:
     df = pd.DataFrame(records)
     cols = [c for c in ("group", "n", "mae", "rmse", "nll", "crps", "coverage", "pi_width_mean") if c in df]
     return df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}")
-
-
-def load_run(run_dir):
-    """``(manifest, model)`` of a run directory written by :func:`gpcore.runs.execute_run`."""
-    from gpcore.models.base import load_model
-
-    run_dir = Path(run_dir)
-    path = run_dir / "run.json"
-    if not path.exists():
-        raise GPCoreError(f"'{run_dir}' is not a run directory (no run.json); pass the --out of `gpcore fit`")
-    manifest = json.loads(path.read_text())
-    return manifest, load_model(run_dir / "model")
 
 
 def cmd_predict(args) -> int:
@@ -231,13 +224,15 @@ def cmd_models(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gpcore", description=__doc__.split("\n")[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("fit", help="train a model on a data file and write a run directory")
     _add_data_args(p)
     p.add_argument("--model", default="dbk", help="registry name (see `python -m gpcore models`)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="model setting (repeatable)")
-    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--out", required=True, help="run directory to write (must be new or empty)")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (the whole folder)")
     p.add_argument("--distributed", action="store_true",
                    help="train across the processes torchrun started (NCCL on GPUs, gloo on CPUs); rank 0 writes")
     p.set_defaults(func=cmd_fit)
@@ -292,20 +287,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_error_text(exc: BaseException) -> str | None:
+    """The ``error:`` text of a failure the user caused (bad input, settings, paths, resources), else None."""
+    import torch
+
+    if isinstance(exc, GPCoreError):
+        return str(exc)
+    if isinstance(exc, OSError):  # missing/unreadable files, full disk, permissions
+        where = f" ('{exc.filename}')" if getattr(exc, "filename", None) else ""
+        return f"{exc.strerror or exc}{where}"
+    if isinstance(exc, MemoryError):
+        return "out of memory; use a smaller file, a smaller grid (--cell-km) or smaller model settings"
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "the GPU ran out of memory; use smaller settings (batch_size, rank) or --set device=cpu"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"a JSON file is not valid JSON ({exc})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except GPCoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's one boundary: user errors exit 2, bugs exit 3
+        text = user_error_text(exc)
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        if text is not None:
+            print(f"error: {text}", file=sys.stderr)
+            return 2
+        print(f"error: internal error ({type(exc).__name__}: {str(exc)[:300]}); this is a bug, please report it "
+              "(--debug shows the traceback)", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -569,8 +569,8 @@ def predict_run_stream(
 ) -> StreamResult:
     """``python -m gpcore predict RUN_DIR --grid ... | --grid-region ...``; sharded under torchrun."""
     from gpcore import distributed as D
-    from gpcore.cli import load_run
     from gpcore.runs import RunConfig
+    from gpcore.store import load_run
 
     if distributed is None:
         distributed = D.launched_by_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1

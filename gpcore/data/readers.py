@@ -916,7 +916,10 @@ def _resolve_problems(ctx: _Ctx, allow_drop: bool) -> np.ndarray:
             col = f"column '{p.column}': " if p.column is not None else ""
             hint = f"; {p.hint}" if p.hint else ""
             lines.append(f"{col}{_counted(int(p.mask.sum()), p.reason)} ({ctx.rows_of(p.mask)}){hint}")
-        fix = "fix the file, or pass allow_drop=True (CLI: --allow-drop) to drop these rows"
+        fix = (
+            "fix the file, or drop these rows (Python: allow_drop=True; CLI: fit, predict and evaluate drop them "
+            "unless --no-drop is given, `data inspect` needs --allow-drop)"
+        )
         if len(lines) == 1:
             raise DataError(f"{ctx.where()}, {lines[0]}; {fix}")
         body = "\n".join(f"  - {ln}" for ln in lines)

@@ -215,7 +215,8 @@ def register_alias(name: str, base: str, description: str, **preset) -> None:
 
 
 def _ensure_models_loaded() -> None:
-    import gpcore.models  # noqa: F401  (registers every model family)
+    """Every family is registered: importing this module first runs ``gpcore/models/__init__.py``, which
+    imports each family (so the registry never has to import the package that imports it)."""
 
 
 def available_models() -> list[str]:
@@ -394,8 +395,16 @@ class GPModel:
         yv = self.scale_y(y_val) if has_val else None
         self.module_ = self._build(self.d_, Xs, ys).to(device=self.device, dtype=self.dtype)
         t0 = time.perf_counter()
-        self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback)
-        self.finalize(Xs, ys)
+        try:
+            self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback)
+            self.finalize(Xs, ys)
+        except torch.linalg.LinAlgError as e:  # a factorisation of NaN/inf parameters: training diverged
+            from gpcore.errors import TrainingError
+
+            raise TrainingError(
+                f"training diverged: a matrix factorisation failed ({str(e).splitlines()[0][:200]}); lower the "
+                "learning rate (lr) or use dtype='float64'"
+            ) from e
         self.train_info_["fit_seconds"] = time.perf_counter() - t0
         self.fitted_ = True
         return self

@@ -503,7 +503,7 @@ class SoftKI(GPModel):
     def fit_posterior(self, Xs: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Streaming QR fit on scaled data with the current parameters: ``(alpha, R)`` in float64.
 
-        When the data is this rank's shard of a distributed fit (:func:`gpcore.distributed.fit_sharded`),
+        When the data is this rank's shard of a distributed fit (:func:`gpcore.sharded.fit_sharded`),
         each rank folds its own rows (rank 0 also the prior block) and the partial ``(m+1) x (m+1)``
         factors are all-gathered and merged by one more QR (TSQR), so every rank gets the full-data fit.
         """
