@@ -201,10 +201,44 @@ def st_points_json(_data: LoadedData, key: str, scale_name: str, lo: float, hi: 
 
 
 def list_runs():
-    """All runs in the store (the user's, newest first, then the bundled ones). Not cached: cheap."""
+    """All valid runs in the store (the user's, newest first, then the bundled ones). Not cached: cheap."""
+    return list_runs_checked()[0]
+
+
+def list_runs_checked() -> tuple[list, list[tuple[str, str]]]:
+    """``(runs, skipped)``: the valid runs, and ``(run id, reason)`` of those whose run.json is malformed."""
     from gpcore.store import RunStore
 
-    return RunStore().list()
+    store = RunStore()
+    _clean_store_once(str(store.root))
+    runs = store.list()
+    return runs, store.invalid()
+
+
+@st.cache_resource(show_spinner=False)
+def _clean_store_once(root: str) -> list[str]:
+    """Remove what killed processes left in the store, once per server process (see RunStore.clean_leftovers)."""
+    from gpcore.store import RunStore
+
+    return RunStore(root).clean_leftovers()
+
+
+GRID_COLUMNS = ("cell_id", "lon", "lat", "mean_t", "width_t", "mean", "lower", "upper", "width")
+
+
+def _read_run_table(p: Path, kind: str, columns=()) -> pd.DataFrame:
+    """A run's Parquet/CSV file, checked for its columns; RunError naming run and file when damaged."""
+    from gpcore.errors import RunError
+
+    try:
+        df = pd.read_csv(p) if kind == "csv" else pd.read_parquet(p)
+    except Exception as e:  # noqa: BLE001 - pyarrow/pandas raise many types for damaged files
+        raise RunError(f"run '{p.parent.name}': {p.name} cannot be read ({type(e).__name__}); delete or re-run it") \
+            from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise RunError(f"run '{p.parent.name}': {p.name} lacks the column(s) {', '.join(missing)}; re-run it")
+    return df
 
 
 def run_key(info) -> tuple[str, float]:
@@ -267,10 +301,19 @@ def st_run_data(path: str, stamp: float) -> RunData:
     from scipy.spatial import cKDTree
 
     from gpcore import data as D
+    from gpcore.errors import RunError
+    from gpcore.store import read_manifest
 
     p = Path(path)
-    manifest = json.loads((p / "run.json").read_text())
-    grid = pd.read_parquet(p / "grid.parquet") if (p / "grid.parquet").is_file() else None
+    manifest = read_manifest(p)
+    grid = _read_run_table(p / "grid.parquet", "parquet", GRID_COLUMNS) if (p / "grid.parquet").is_file() else None
+    if grid is not None:
+        try:
+            grid = grid.astype({c: float for c in GRID_COLUMNS if c != "cell_id"})
+        except (TypeError, ValueError):
+            raise RunError(f"run '{p.name}': grid.parquet holds non-numeric predictions; re-run it") from None
+        if not (np.isfinite(grid["lon"]).all() and np.isfinite(grid["lat"]).all()):
+            raise RunError(f"run '{p.name}': grid.parquet has cells without finite coordinates; re-run it")
     cfg = manifest.get("config", {})
     tr = D.get_transform(cfg.get("transform", "identity"))
     hw = hh = 0.01
@@ -287,12 +330,20 @@ def st_run_data(path: str, stamp: float) -> RunData:
 
 
 def get_run(run_id: str | None):
-    """``RunData`` of a run id in the store (None if there is no such run)."""
+    """``RunData`` of a run id in the store (None if there is no such run, or it is damaged: with a warning)."""
+    from gpcore.errors import GPCoreError
+
     if not run_id:
         return None
     for info in list_runs():
         if info.run_id == run_id:
-            return st_run_data(*run_key(info))
+            try:
+                return st_run_data(*run_key(info))
+            except GPCoreError as exc:
+                from app.safe_html import md_text
+
+                st.warning(md_text(exc))
+                return None
     return None
 
 
@@ -386,13 +437,13 @@ def slice_image(path: str, stamp: float, values: np.ndarray, scale: ColorScale) 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_test_predictions(path: str, stamp: float) -> pd.DataFrame:
     p = Path(path) / "test_predictions.parquet"
-    return pd.read_parquet(p) if p.is_file() else pd.DataFrame()
+    return _read_run_table(p, "parquet", ("y", "mean", "var_y", "stratum")) if p.is_file() else pd.DataFrame()
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_metrics(path: str, stamp: float) -> pd.DataFrame:
     p = Path(path) / "metrics.csv"
-    return pd.read_csv(p) if p.is_file() else pd.DataFrame()
+    return _read_run_table(p, "csv", ("group", "nll")) if p.is_file() else pd.DataFrame()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,10 +518,21 @@ def run_grid_frame(path: str):
     return grid
 
 
+#: The files of the model format (GPModel.save): nothing else in model/ is ever exported.
+MODEL_FILES = ("model.json", "model.safetensors")
+
+
 def model_zip_bytes(path: str) -> bytes:
-    """The run's model folder (model.json + model.safetensors) as a zip."""
+    """The run's model (``model.json`` + ``model.safetensors``) as a zip. Only those two names, only regular
+    files (a symlink, e.g. to a system file, is refused), only inside the run folder."""
+    from gpcore.errors import RunError
+
+    folder = Path(path) / "model"
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for f in sorted((Path(path) / "model").iterdir()):
-            zf.write(f, arcname=f"model/{f.name}")
+        for name in MODEL_FILES:
+            f = folder / name
+            if folder.is_symlink() or f.is_symlink() or not f.is_file():
+                raise RunError(f"run '{Path(path).name}': model/{name} is missing or not a regular file")
+            zf.writestr(f"model/{name}", f.read_bytes())
     return buf.getvalue()

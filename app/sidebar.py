@@ -37,7 +37,7 @@ def render_sidebar(data) -> list:
     from gpcore.store import default_store_dir
 
     ss = st.session_state
-    runs = cache.list_runs()
+    runs, skipped = cache.list_runs_checked()
     ids = [r.run_id for r in runs]
     if ss.get("ua_run") not in ids:
         ss.ua_run = choose_default_run(runs, data.data_hash)
@@ -66,6 +66,12 @@ def render_sidebar(data) -> list:
                     st.markdown(f"- {md_text(titles[r.run_id])}")
         else:
             st.caption("No runs yet: train one on the Train page.")
+        if skipped:
+            names = ", ".join(md_code(run_id) for run_id, _ in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+            st.warning(f"{len(skipped)} run(s) skipped (malformed run.json): {names}")
+            with st.expander("Why", expanded=False):
+                for _, reason in skipped[:20]:
+                    st.caption(md_text(reason))
         st.markdown("**Device**")
         st.markdown(describe_device("auto"))
         job = ss.get("ua_job")

@@ -44,13 +44,26 @@ def mb(n: float) -> str:
     return f"{n / 1024**2:.1f} MB" if n < 10 * 1024**2 else f"{n / 1024**2:.0f} MB"
 
 
+#: Decoded size allowed for a columnar file, as a multiple of the byte limit (Parquet compresses ~3-10x).
+DECODED_FACTOR = 10
+#: Zips inside zips are opened this many levels deep (a zip holding one zipped Shapefile).
+MAX_ZIP_DEPTH = 1
+_CHUNK = 1 << 20
+
+
 @dataclass
 class Source:
-    """A file on disk (``path``) or in memory (``data``), with the name used in messages."""
+    """A file on disk (``path``) or in memory (``data``), with the name used in messages.
+
+    ``limit`` is the byte limit the file was opened under: everything unpacked from it (zip members,
+    nested zips) counts against the same limit, checked while streaming (:func:`read_zip_member`).
+    """
 
     name: str
     path: Path | None = None
     data: bytes | None = None
+    limit: int | None = None
+    depth: int = 0
 
     @property
     def suffix(self) -> str:
@@ -112,7 +125,65 @@ def open_source(source, name: str | None, max_bytes: int | None) -> Source:
         )
     if size == 0:
         raise DataError(f"{src.where()} is empty (0 bytes); choose the file that holds the data")
+    src.limit = max_bytes
     return src
+
+
+def _too_big(src: Source, what: str, size: float) -> DataError:
+    return DataError(
+        f"{src.where()}: {what} unpacks to more than {mb(size)}, above the limit of {mb(src.limit or 0)} (the same "
+        "limit as for a plain file; a zip cannot lift it); load a smaller extract, or raise the limit with max_bytes="
+    )
+
+
+def check_zip_sizes(src: Source, zf: zipfile.ZipFile, names: list[str]) -> None:
+    """Declared uncompressed sizes of ``names`` must fit the limit (checked before anything is unpacked)."""
+    if src.limit is None:
+        return
+    declared = sum(zf.getinfo(n).file_size for n in names)
+    if declared > src.limit:
+        raise _too_big(src, f"the zip's {', '.join(names[:5])}", declared)
+
+
+def read_zip_member(src: Source, name: str, out=None) -> bytes | None:
+    """Unpack one member, counting the bytes actually produced against the limit while streaming (a member
+    whose header understates its size is stopped at the limit). Returns the bytes, or writes them to ``out``."""
+    try:
+        with zipfile.ZipFile(src.buffer()) as zf:
+            check_zip_sizes(src, zf, [name])
+            buf = io.BytesIO() if out is None else out
+            total = 0
+            with zf.open(name) as fh:
+                while True:
+                    chunk = fh.read(_CHUNK)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if src.limit is not None and total > src.limit:
+                        raise _too_big(src, f"the zip member '{name}'", total)
+                    buf.write(chunk)
+    except DataError:
+        raise
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as e:
+        raise DataError(f"{src.where()}: the zip member '{name}' cannot be unpacked ({_short(e)}); re-create the zip") \
+            from None
+    return buf.getvalue() if out is None else None
+
+
+def extract_zip_members(src: Source, names: list[str], folder: str) -> Path:
+    """Unpack ``names`` into ``folder`` (flat, sanitised names) under one shared size budget; returns the folder."""
+    base = Path(folder)
+    with zipfile.ZipFile(src.buffer()) as zf:
+        check_zip_sizes(src, zf, names)
+    spent = 0
+    for name in names:
+        target = base / re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(name).name)
+        part = Source(src.name, path=src.path, data=src.data,
+                      limit=None if src.limit is None else src.limit - spent, depth=src.depth)
+        with open(target, "wb") as fh:
+            read_zip_member(part, name, out=fh)
+        spent += target.stat().st_size
+    return base
 
 
 def _zip_names(src: Source) -> list[str]:
@@ -265,6 +336,10 @@ def read_parquet(src: Source, report: ReadReport) -> tuple[pd.DataFrame, str]:
 
     try:
         pf = pq.ParquetFile(src.buffer())
+        decoded = pf.metadata.num_rows * max(pf.metadata.num_columns, 1) * 8
+        if src.limit is not None and decoded > DECODED_FACTOR * src.limit:
+            raise _too_big(src, f"the Parquet file's {pf.metadata.num_rows:,} rows x {pf.metadata.num_columns} columns",
+                           decoded)
         meta = pf.schema_arrow.metadata or {}
         if b"geo" in meta:
             df = gpd.read_parquet(src.buffer())
@@ -276,16 +351,8 @@ def read_parquet(src: Source, report: ReadReport) -> tuple[pd.DataFrame, str]:
         raise DataError(f"{src.where()} is not a readable Parquet file ({_short(e)}); check or re-export it") from None
 
 
-def _ogr_target(src: Source, tmpdir: str | None, member: str | None = None):
-    if member is None:
-        return str(src.path) if src.path is not None else src.data
-    if src.path is not None:
-        base = str(src.path.resolve())
-    else:
-        base = os.path.join(tmpdir, "upload.zip")  # type: ignore[arg-type]
-        with open(base, "wb") as fh:
-            fh.write(src.data)  # type: ignore[arg-type]
-    return f"/vsizip/{base}/{member}"
+def _ogr_target(src: Source):
+    return str(src.path) if src.path is not None else src.data
 
 
 def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.DataFrame, str]:
@@ -299,6 +366,9 @@ def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.
             shps = [n for n in names if n.lower().endswith(".shp")]
             others = [n for n in names if n.lower().endswith((".gpkg", ".geojson", ".json"))]
             members = shps or others
+            inner_zips = [n for n in names if n.lower().endswith(".zip")]
+            if not members and len(inner_zips) == 1 and len(names) == 1:
+                return _read_nested_zip(src, inner_zips[0], report, layer)
             if not members:
                 return _read_zip_table(src, names, report)
             layers = {Path(n).stem: n for n in members}
@@ -317,7 +387,11 @@ def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.
                 label = "zipped Shapefile"
             else:
                 label = f"zipped {Path(member).suffix.lstrip('.')}"
-            target = _ogr_target(src, tmpdir, member)
+            stem = member.rsplit(".", 1)[0].lower()
+            parts = [n for n in names if n.rsplit(".", 1)[0].lower() == stem] if member.lower().endswith(".shp") \
+                else [member]
+            folder = extract_zip_members(src, parts, tmpdir)
+            target = str(folder / re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(member).name))
             report.layer = chosen if len(layers) > 1 else None
             return _read_ogr_layer(src, target, None, label), "shapefile" if member.lower().endswith(".shp") else fmt
         if fmt == "shp" and src.path is None:
@@ -325,7 +399,7 @@ def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.
                 f"{src.where()}: a bare .shp upload lacks its .shx/.dbf/.prj parts; "
                 "zip them together and upload the .zip"
             )
-        target = _ogr_target(src, tmpdir)
+        target = _ogr_target(src)
         try:
             infos = pyogrio.list_layers(target if isinstance(target, str) else io.BytesIO(target))
         except Exception as e:
@@ -366,6 +440,18 @@ def _read_ogr_layer(src: Source, target, layer, label: str) -> pd.DataFrame:
     return df
 
 
+def _read_nested_zip(src: Source, name: str, report: ReadReport, layer) -> tuple[pd.DataFrame, str]:
+    """A zip holding one zip: unpack it under the same limit and read it (one level deep)."""
+    if src.depth >= MAX_ZIP_DEPTH:
+        raise DataError(f"{src.where()}: zips nested more than {MAX_ZIP_DEPTH} level deep are not read; unzip it first")
+    data = read_zip_member(src, name)
+    inner = Source(f"{src.name}!{name}", data=data, limit=src.limit, depth=src.depth + 1)
+    if not data.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        raise DataError(f"{inner.where()} is not a zip archive; re-create the zip")
+    report.notes.append(f"read the zip '{name}' inside the zip")
+    return read_ogr(inner, "zip", report, layer=layer)
+
+
 def _read_zip_table(src: Source, names: list[str], report: ReadReport) -> tuple[pd.DataFrame, str]:
     tables = [n for n in names if Path(n).suffix.lower() in TEXT_SUFFIXES | PARQUET_SUFFIXES]
     if len(tables) != 1:
@@ -374,11 +460,9 @@ def _read_zip_table(src: Source, names: list[str], report: ReadReport) -> tuple[
             f"{src.where()}: the zip holds {listing}; expected one Shapefile (.shp with .shx, .dbf, .prj), GeoPackage, "
             "GeoJSON, or a single CSV/Parquet file"
         )
-    with zipfile.ZipFile(src.buffer()) as zf:
-        info = zf.getinfo(tables[0])
-        data = zf.read(tables[0])
-    report.notes.append(f"read '{tables[0]}' from the zip ({mb(info.file_size)} uncompressed)")
-    inner = Source(f"{src.name}!{tables[0]}", data=data)
+    data = read_zip_member(src, tables[0])
+    report.notes.append(f"read '{tables[0]}' from the zip ({mb(len(data))} uncompressed)")
+    inner = Source(f"{src.name}!{tables[0]}", data=data, limit=src.limit, depth=src.depth)
     if data.startswith(b"PAR1"):
         return read_parquet(inner, report)
     df, delim = read_csv(inner, report)
