@@ -160,7 +160,9 @@ def cmd_predict(args) -> int:
     out = grid_predictions(model, gdf, tr)
     path = Path(args.out)
     if path.suffix == ".csv":
-        out.to_csv(path, index=False)
+        from gpcore.data.export import spreadsheet_safe
+
+        spreadsheet_safe(out).to_csv(path, index=False)
     else:
         out.to_parquet(path, index=False)
     print(f"wrote {len(out)} predictions to {path}")

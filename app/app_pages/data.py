@@ -63,6 +63,7 @@ def source_picker(active: state.DatasetSpec) -> str | None:
     try:
         cache.st_inspect(ref)
     except GPCoreError as exc:
+        state.discard_upload(ref)  # an unusable file is not kept
         st.error(f"**{md_text(upload.name)}** cannot be used: {md_text(exc)}")
         st.caption("The previous data set and all runs are kept.")
         return None
@@ -174,6 +175,7 @@ def strata_picker(base: state.DatasetSpec, cols: list[str], sfx: str):
 
         read_polygons(state.source_path(ref))
     except GPCoreError as exc:
+        state.discard_upload(ref)
         st.error(f"**{md_text(up.name)}** cannot be used as strata: {md_text(exc)}")
         return False
     return f"polygons:{ref}"

@@ -230,12 +230,26 @@ def detect_format(src: Source) -> str:
     stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if stripped.startswith((b"{", b"[")) or suffix in JSON_SUFFIXES:
         return "geojson"
+    if _looks_utf16(head):
+        return "csv"  # decode_text explains how to save it as UTF-8
     if _looks_binary(head):
         raise DataError(
             f"{src.where()} is not a text file and not a format that is read (it looks like binary data); "
             f"supported: {SUPPORTED}"
         )
     return "csv"
+
+
+def _looks_utf16(head: bytes) -> bool:
+    """A UTF-16 byte-order mark, or text where every other byte is NUL (ASCII in UTF-16 without BOM)."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    if len(head) < 8:
+        return False
+    even, odd = head[0::2], head[1::2]
+    return (odd.count(0) > 0.9 * len(odd) and even.count(0) < 0.1 * len(even)) or (
+        even.count(0) > 0.9 * len(even) and odd.count(0) < 0.1 * len(odd)
+    )
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -249,6 +263,11 @@ def _looks_binary(head: bytes) -> bool:
 
 def decode_text(raw: bytes, src: Source, report: ReadReport) -> str:
     """Decode CSV bytes as UTF-8 (with or without BOM), else Latin-1 with a note; reject binary content."""
+    if _looks_utf16(raw[:4096]):
+        raise DataError(
+            f"{src.where()} is UTF-16 text (as Excel's 'Unicode Text' writes it), which is not read; save it as "
+            "UTF-8 (in Excel: File > Save As > 'CSV UTF-8'; in an editor: encoding UTF-8) and load that"
+        )
     if _looks_binary(raw[:65536]):
         raise DataError(f"{src.where()} does not look like a text (CSV) file; supported: {SUPPORTED}")
     try:
@@ -279,6 +298,37 @@ def sniff_delimiter(text: str, suffix: str) -> str:
     return best
 
 
+def _check_field_counts(text: str, delim: str, src: Source) -> bool:
+    """Rows with more fields than the header make pandas take the first column(s) as the index, shifting
+    every column silently (``-94.58,39.09,68,89`` under ``lon,lat,mbps``: a decimal comma). Raise DataError
+    when the data rows all carry extra non-empty fields; return True when the extras are only trailing
+    delimiters (empty), which are dropped."""
+    lines = [ln for ln in text.splitlines()[:201] if ln.strip()]
+    try:
+        rows = list(csv.reader(lines, delimiter=delim))
+    except csv.Error:
+        return False
+    if len(rows) < 2:
+        return False
+    width, data = len(rows[0]), rows[1:]
+    extra = [(i, r) for i, r in enumerate(data, start=1) if len(r) > width]
+    if not extra:
+        return False
+    if all(not v.strip() for _, r in extra for v in r[width:]):
+        return True
+    if len(extra) == len(data):
+        i, r = extra[0]
+        comma = (
+            f" — values like '{r[-2]}{delim}{r[-1]}' look like a number with a decimal comma" if delim == "," else ""
+        )
+        raise DataError(
+            f"{src.where()}: data row {i} has {len(r)} fields but the header has {width} ({delim.join(r)[:80]!r})"
+            f"{comma}; the columns would shift. Write decimals with '.', or save the file with ';' as the "
+            "delimiter (then decimal commas are read), or quote values that contain the delimiter"
+        )
+    return False
+
+
 _FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
@@ -290,6 +340,7 @@ def read_csv(
     if not text.strip():
         raise DataError(f"{src.where()} is empty (only blank lines); choose the file that holds the data")
     delim = sep or sniff_delimiter(text, src.suffix)
+    trailing = _check_field_counts(text, delim, src)
     try:
         header = pd.read_csv(io.StringIO(text), sep=delim, nrows=0, engine="c")
         dtype = {c: "string" for c in header.columns if norm_name(c) in ID_COLUMNS}
@@ -301,6 +352,7 @@ def read_csv(
             skipinitialspace=True,
             low_memory=False,
             engine="c",
+            index_col=False if trailing else None,
         )
     except pd.errors.EmptyDataError:
         raise DataError(f"{src.where()} has no header and no rows; choose the file that holds the data") from None

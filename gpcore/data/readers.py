@@ -663,6 +663,13 @@ def _to_wgs84(x, y, crs_in: pyproj.CRS, ctx: _Ctx, *, explicit: bool) -> tuple[n
         _check_degrees(x, y, fin, ctx, lon_name, lat_name, explicit, assumed=not ctx.crs_from_file)
         lon, lat = project(x, y, crs_in, WGS84) if crs_in != WGS84 else (x, y)
     else:
+        if fin.sum() >= 3 and np.all(np.abs(x[fin]) <= 180) and np.all(np.abs(y[fin]) <= 90):
+            declared = "the file declares" if ctx.crs_from_file else "crs= gives"
+            raise DataError(
+                f"{ctx.where()}: {declared} the projected CRS {report.crs_in} (coordinates in metres or feet), "
+                f"but all {int(fin.sum())} coordinates lie within +-180 / +-90, like degrees; the file's CRS is "
+                "probably wrong: pass crs='EPSG:4326' to read them as lon/lat degrees, or fix the CRS in the file"
+            )
         lon = np.full(len(x), np.nan)
         lat = np.full(len(y), np.nan)
         if fin.any():
