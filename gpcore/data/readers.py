@@ -282,12 +282,13 @@ def read_measurements(
     if target is not None:
         report.columns["target"] = target
         yv = gdf[target].to_numpy(dtype=float)
-        report.target_summary = {
-            "min": float(np.min(yv)),
-            "median": float(np.median(yv)),
-            "mean": float(np.mean(yv)),
-            "max": float(np.max(yv)),
-        }
+        with np.errstate(over="ignore", invalid="ignore"):  # values near the float limit: the fit explains
+            report.target_summary = {
+                "min": float(np.min(yv)),
+                "median": float(np.median(yv)),
+                "mean": float(np.mean(yv)),
+                "max": float(np.max(yv)),
+            }
     if weight is not None:
         report.columns["weight"] = weight
     gdf.attrs.update(report=report, target=target, transform=tr.name, weight=weight, time=time_col)

@@ -349,9 +349,10 @@ class GPModel:
         lo, hi = X.min(axis=0), X.max(axis=0)
         span = np.where(hi - lo > 0, hi - lo, 1.0)
         self.x_lo_, self.x_span_ = lo, span
-        self.y_mean_ = float(y.mean())
-        sd = float(y.std())
-        self.y_std_ = sd if sd > 0 else 1.0
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by _check_scalers
+            self.y_mean_ = float(y.mean())
+            sd = float(y.std())
+        self.y_std_ = 1.0 if sd == 0 else sd  # NaN/inf stay visible to _check_scalers
 
     def _to_tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, dtype=self.dtype, device=self.device)
