@@ -11,6 +11,7 @@ import os
 import re
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,7 +165,7 @@ def read_zip_member(src: Source, name: str, out=None) -> bytes | None:
                     buf.write(chunk)
     except DataError:
         raise
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as e:
+    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as e:
         raise DataError(f"{src.where()}: the zip member '{name}' cannot be unpacked ({_short(e)}); re-create the zip") \
             from None
     return buf.getvalue() if out is None else None
