@@ -7,6 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from app import cache, charts
+from app.safe_html import md_text
+from gpcore.errors import GPCoreError
 
 METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "pi_width_mean", "fit_seconds", "predict_seconds"]
 
@@ -50,7 +52,11 @@ def page() -> None:
     keys = {i.run_id: cache.run_key(i) for i in infos}
     metrics = []
     for info in infos:
-        m = cache.st_metrics(*keys[info.run_id]).copy()
+        try:
+            m = cache.st_metrics(*keys[info.run_id]).copy()
+        except GPCoreError as exc:  # one damaged run is named and left out, the others are compared
+            st.warning(md_text(exc))
+            continue
         if m.empty:
             continue
         m.insert(0, "model", names[info.run_id])
@@ -60,8 +66,10 @@ def page() -> None:
         st.warning("The chosen runs have no metrics.")
         return
     table = pd.concat(metrics, ignore_index=True)
-    run0 = cache.st_run_data(*keys[infos[0].run_id])
-    units = run0.t_units or "target units"
+    try:
+        units = cache.st_run_data(*keys[infos[0].run_id]).t_units or "target units"
+    except GPCoreError:
+        units = "target units"
     st.caption(f"Metrics on each run's test split, in the space the models train in ({units}); "
                "ranked by overall NLL (lower is better). Coverage target: 95%.")
     overall = table[table.group == "all"].sort_values("nll").reset_index(drop=True)
@@ -79,7 +87,11 @@ def page() -> None:
 
     tests = []
     for info in infos:
-        t = cache.st_test_predictions(*keys[info.run_id])
+        try:
+            t = cache.st_test_predictions(*keys[info.run_id])
+        except GPCoreError as exc:
+            st.warning(md_text(exc))
+            continue
         if t.empty:
             continue
         t = t.assign(model=names[info.run_id])

@@ -46,7 +46,7 @@ def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_
         prepared = prepare(cfg, gdf=data.frame)
         run_dir = RunStore().new_run_dir(new_run_id(cfg))
     except GPCoreError as exc:
-        st.error(str(exc))
+        st.error(md_text(exc))
         return
     ss.ua_job = jobs.start_training(cfg, run_dir, prepared=prepared, label=cfg.label)
     ss.ua_job_seen = False
