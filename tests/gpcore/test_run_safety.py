@@ -76,6 +76,27 @@ def test_the_cli_refuses_nan_models_with_exit_2(csv_file, tmp_path, capsys):
         assert not out.exists()
 
 
+def test_a_model_with_nan_parameters_is_never_saved(csv_file, tmp_path, monkeypatch):
+    """The last line of defence: whatever training reported, NaN parameters or predictions write no run."""
+    import torch
+
+    from gpcore.models.base import GPModel
+
+    real_fit = GPModel.fit
+
+    def fit_then_break(self, *a, **k):
+        real_fit(self, *a, **k)
+        with torch.no_grad():
+            next(self.module_.parameters()).fill_(float("nan"))
+        return self
+
+    monkeypatch.setattr(GPModel, "fit", fit_then_break)
+    out = tmp_path / "poisoned"
+    with pytest.raises(TrainingError, match="finite model"):
+        execute_run(cfg_for(csv_file), out)
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
 def test_history_and_manifest_are_strict_json(good_run):
     for name in ("history.json", "run.json"):
         text = (good_run / name).read_text()
