@@ -11,6 +11,9 @@ A *run* is what the dashboard trains and what ``python -m gpcore fit`` writes. B
     grid_cells.parquet       the grid polygons as GeoParquet (cell_id, geometry; for maps and exports)
     history.json             per-epoch loss and validation NLL
 
+A run is written only for a finite model, into a hidden temporary folder renamed into place when
+complete (no half runs); ``out_dir`` must be new or empty unless ``overwrite=True`` replaces a run.
+
 Metrics are reported in the space the model is trained in (e.g. log10 Mbps, ALGORITHMS.md 7);
 map columns ``mean``, ``lower``, ``upper`` and ``width`` are back-transformed to the data's
 original units (for log targets ``mean`` is the predictive median, ``10 ** mean_t``).
