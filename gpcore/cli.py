@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 from gpcore.errors import GPCoreError
-from gpcore.store import load_run
 
 
 def _parse_sets(items: list[str] | None) -> dict:
@@ -150,6 +149,7 @@ def cmd_predict(args) -> int:
         raise GPCoreError("give --data FILE, --grid GRID.parquet or --grid-region SPEC")
     from gpcore import data as D
     from gpcore.runs import RunConfig, grid_predictions
+    from gpcore.store import load_run
 
     manifest, model = load_run(args.run_dir)
     cfg = RunConfig.from_dict(manifest["config"])
@@ -172,6 +172,7 @@ def cmd_predict(args) -> int:
 def cmd_evaluate(args) -> int:
     from gpcore import metrics as M
     from gpcore.runs import RunConfig, apply_strata
+    from gpcore.store import load_run
 
     manifest, model = load_run(args.run_dir)
     cfg = RunConfig.from_dict(manifest["config"])
@@ -291,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_error_text(exc: BaseException) -> str | None:
     """The ``error:`` text of a failure the user caused (bad input, settings, paths, resources), else None."""
-    import torch
+    torch = sys.modules.get("torch")  # only loaded when a model was involved
 
     if isinstance(exc, GPCoreError):
         return str(exc)
@@ -300,7 +301,7 @@ def user_error_text(exc: BaseException) -> str | None:
         return f"{exc.strerror or exc}{where}"
     if isinstance(exc, MemoryError):
         return "out of memory; use a smaller file, a smaller grid (--cell-km) or smaller model settings"
-    if isinstance(exc, torch.OutOfMemoryError):
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return "the GPU ran out of memory; use smaller settings (batch_size, rank) or --set device=cpu"
     if isinstance(exc, json.JSONDecodeError):
         return f"a JSON file is not valid JSON ({exc})"
