@@ -303,6 +303,11 @@ def user_error_text(exc: BaseException) -> str | None:
         return "out of memory; use a smaller file, a smaller grid (--cell-km) or smaller model settings"
     if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return "the GPU ran out of memory; use smaller settings (batch_size, rank) or --set device=cpu"
+    linalg = (torch.linalg.LinAlgError,) if torch is not None else ()
+    if isinstance(exc, linalg) or type(exc).__name__ == "LinAlgError":
+        return (f"a matrix factorisation failed ({str(exc).splitlines()[0][:200] if str(exc) else 'LinAlgError'}); "
+                "the model's matrices are not positive definite (damaged model files, or a fit that diverged: "
+                "re-run it with a lower lr or dtype=float64)")
     if isinstance(exc, json.JSONDecodeError):
         return f"a JSON file is not valid JSON ({exc})"
     return None
