@@ -11,6 +11,7 @@ from app import layers as L
 from app import raster as R
 from app.colors import ColorScale, format_number, legend_html, lut, robust_limits
 from app.selection import picked, picked_point
+from gpcore.errors import DataError
 
 
 def test_colour_index_is_quantised_with_a_transparent_slot():
@@ -111,7 +112,8 @@ def test_dataset_spec_round_trips_through_the_url():
     spec = DatasetSpec(quarter="2023Q2", transform="log", strata=None, weight="tests")
     back = DatasetSpec.from_query(spec.to_query())
     assert back == spec
-    assert DatasetSpec.from_query({"data": "file:/etc/passwd"}) is None, "URLs may name samples and uploads only"
+    with pytest.raises(DataError, match="not allowed"):  # URLs may name samples and uploads only
+        DatasetSpec.from_query({"data": "file:/etc/passwd"})
     assert parse_xref(format_xref((-66.123456, 18.5))) == (-66.12346, 18.5)
     assert parse_xref("1,2,3") is None and parse_xref("200,0") is None
 
