@@ -255,8 +255,9 @@ _MISSING = object()
 def bound(widget, label: str, *args, state_key: str, key: str, valid=lambda v: True, **kwargs):
     """Draw ``widget(label, *args, key=key, ...)`` bound to the canonical session key ``state_key``.
 
-    One source of truth per value: the user's change reaches the canonical key (and the URL) in the
-    widget's ``on_change`` callback, which Streamlit runs *before* the script reruns, so nothing can
+    One source of truth per value: the user's change reaches the canonical key in the widget's
+    ``on_change`` callback (and the URL at the end of the rerun: query parameters set inside a callback
+    do not reach the browser), which Streamlit runs *before* the script reruns, so nothing can
     overwrite it. The widget is seeded from the canonical key only when they differ — on its first draw
     on a page (Streamlit drops a widget's key when a page stops drawing it) or after another widget
     bound to the same value (the sidebar's and the Maps page's run selectors) changed it. A value the
@@ -273,8 +274,7 @@ def bound(widget, label: str, *args, state_key: str, key: str, valid=lambda v: T
         if value is None and ss.get(state_key) is not None:
             ss[key] = ss[state_key]  # a click on the selected option of a segmented control
             return
-        ss[state_key] = value
-        sync_query()
+        ss[state_key] = value  # the URL follows at the end of this rerun (main.py: sync_query)
 
     value = widget(label, *args, key=key, on_change=changed, **kwargs)
     if value is None:
