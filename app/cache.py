@@ -7,7 +7,7 @@ strings and small tables use ``st.cache_data``.
 
 Cost per click on a map (see ``benchmarks/bench_app.py``): ``st_kernel`` holds the grid's
 features, so a slice is one matrix-vector product; the image is a palette PNG from the cached
-raster index; the pickable cells are the cached ``st_cells_json`` string.
+raster index; the grid-map component's cell lookup is the cached ``st_grid_lookup``.
 """
 
 from __future__ import annotations
@@ -388,23 +388,6 @@ def st_raster(path: str, stamp: float) -> R.RasterIndex:
     return R.build_raster_index(
         g["lon"].to_numpy(), g["lat"].to_numpy(), np.full(n, run.half_w), np.full(n, run.half_h)
     )
-
-
-@st.cache_resource(show_spinner="Preparing the map cells ...", max_entries=8)
-def st_cells_json(path: str, stamp: float) -> str:
-    """The pickable cells of a run's grid with tooltip fields (serialised once per run; a shared,
-    immutable string, so ``cache_resource`` avoids copying megabytes on every rerun)."""
-    run = st_run_data(path, stamp)
-    g = run.grid
-    fmt = np.vectorize(format_number, otypes=[object])
-    fields = {
-        "m": fmt(g["mean"].to_numpy()),
-        "lo": fmt(g["lower"].to_numpy()),
-        "hi": fmt(g["upper"].to_numpy()),
-        "w": fmt(g["width"].to_numpy()),
-        "wt": fmt(g["width_t"].to_numpy()),
-    }
-    return L.cells_json(g["cell_id"].to_numpy(), g["lon"].to_numpy(), g["lat"].to_numpy(), fields)
 
 
 @st.cache_resource(show_spinner="Preparing the map cells ...", max_entries=8)

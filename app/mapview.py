@@ -5,26 +5,11 @@ Everything heavy comes from :mod:`app.cache`; this module only assembles specs a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from app import cache
 from app import layers as L
 from app.colors import ColorScale, format_number, robust_limits
-
-GRID_TOOLTIP = (
-    "<b>cell {id}</b><br/>mean {m} {u}<br/>95% interval [{lo}, {hi}] {u}<br/>width {w} {u} ({wt} {tu})"
-)
-
-
-@dataclass
-class MapLayer:
-    """What a legend needs besides the deck."""
-
-    deck: L.PrebuiltDeck
-    scale: ColorScale
-    title: str
 
 
 def inverse_label(transform) -> callable:
@@ -87,26 +72,6 @@ def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, wid
         basemap=basemap, clickable=clickable, on_change=on_change,
         hint="Click a cell to set x_ref" if clickable else "",
     )
-
-
-def grid_deck(run: cache.RunData, key: tuple[str, float], image_url: str, *, pickable: bool,
-              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560) -> L.PrebuiltDeck:
-    """Colour bitmap + (optional) transparent pickable cells + outlines + x_ref marker."""
-    raster = cache.st_raster(*key)
-    layers = [L.bitmap_layer("colour", image_url, raster.bounds)]
-    tip = None
-    if pickable:
-        radius = L.cell_radius_m(run.half_w, run.half_h, float(np.median(run.grid["lat"])))
-        layers.append(L.pick_layer("cells", L.Raw(cache.st_cells_json(*key)), radius))
-        tip = L.tooltip(
-            GRID_TOOLTIP.replace("{u}", run.units or "").replace("{tu}", run.t_units or "")
-        )
-    layers += outlines
-    if xref is not None:
-        layers += L.marker_layer("xref", *xref)
-    height = L.fit_height(run.bounds, width_px)
-    view = L.view_for_bounds(run.bounds, width_px=width_px, height_px=height)
-    return L.PrebuiltDeck(L.deck_spec(layers, view, basemap=basemap), tooltip=tip, height=height)
 
 
 def points_deck(data: cache.LoadedData, scale: ColorScale, outlines: list[dict], basemap: bool = False,

@@ -64,23 +64,17 @@ def test_raster_leaves_gaps_transparent():
 
 
 def test_deck_spec_splices_raw_json_and_has_no_basemap_offline():
-    cells = L.cells_json(["a", "b"], [-66.0, -66.1], [18.0, 18.1], {"m": ["1", "2"]})
-    spec = L.deck_spec(
-        [L.bitmap_layer("colour", "data:image/png;base64,AAAA", (-67, 17.8, -65, 18.6)),
-         L.pick_layer("cells", L.Raw(cells), 100.0)],
-        L.view_for_bounds((-67, 17.8, -65, 18.6)),
-    )
+    dots = L.points_json([-66.0, -66.1], [18.0, 18.1], np.array([[1, 2, 3], [4, 5, 6]]), {"v": ["1", "2"]})
+    spec = L.deck_spec([L.points_layer("measurements", L.Raw(dots))], L.view_for_bounds((-67, 17.8, -65, 18.6)))
     d = json.loads(spec)
     assert d["mapStyle"] == "__MAP_STYLE__"  # Streamlit's "no basemap" sentinel: no tile requests
-    assert d["layers"][1]["data"] == [
-        {"id": "a", "p": [-66.0, 18.0], "m": "1"}, {"id": "b", "p": [-66.1, 18.1], "m": "2"}
+    assert d["layers"][0]["data"] == [
+        {"p": [-66.0, 18.0], "c": [1, 2, 3], "v": "1"}, {"p": [-66.1, 18.1], "c": [4, 5, 6], "v": "2"}
     ]
-    assert d["layers"][0]["image"].startswith("data:image/png")  # not turned into an accessor
-    assert d["layers"][1]["getFillColor"][3] > 0, "alpha 0 would make ColumnLayer cells unpickable"
-    assert d["layers"][0]["pickable"] is False
+    assert d["layers"][0]["getPosition"] == "@@=p"
     online = json.loads(L.deck_spec([], L.view_for_bounds((0, 0, 1, 1)), basemap=True))
     assert "cartocdn" in online["mapStyle"]
-    deck = L.PrebuiltDeck(spec, tooltip=L.tooltip("{id}"))
+    deck = L.PrebuiltDeck(spec, tooltip=L.tooltip("{v}"))
     assert deck.to_json() == spec and deck.nbytes == len(spec)
 
 
