@@ -1,4 +1,4 @@
-"""The dashboard's pure helpers: colours, rasterised grids, deck specs, the selection adapter, URLs."""
+"""The dashboard's pure helpers: colours, rasterised grids, deck specs, the grid map's lookup, URLs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from app import layers as L
 from app import raster as R
 from app.colors import ColorScale, format_number, legend_html, lut, robust_limits
-from app.selection import picked, picked_point
 
 
 def test_colour_index_is_quantised_with_a_transparent_slot():
@@ -84,19 +83,38 @@ def test_view_fits_the_bounds():
     assert 7 < v["zoom"] < 9
 
 
-def test_selection_adapter_reads_typed_and_plain_states():
-    from streamlit.elements.deck_gl_json_chart import PydeckSelectionSerde
+def test_grid_map_lookup_round_trips_the_pixel_to_cell_index():
+    """What the browser decodes (index PNG, float32 values) is the raster index and the grid's values."""
+    import base64
+    import io
 
-    raw = {"selection": {"indices": {"cells": [7]}, "objects": {"cells": [{"id": "42", "p": [-66.1, 18.2]}]}}}
-    typed = PydeckSelectionSerde().deserialize(json.dumps(raw))
-    for state in (raw, typed, raw["selection"]):
-        assert picked(state)["index"] == 7
-        assert picked_point(state, "cells") == (-66.1, 18.2, "42")
-    assert picked_point(PydeckSelectionSerde().deserialize(None)) is None
-    assert picked_point({"selection": {"indices": {}, "objects": {}}}) is None
-    assert picked_point(raw, "other-layer") is None
-    assert picked_point({"selection": {"objects": {"cells": [{"lon": 1, "lat": 2}]}}}) == (1.0, 2.0, None)
-    assert picked_point({"selection": {"objects": {"cells": ["junk"]}}}) is None
+    from PIL import Image
+
+    from app import gridmap
+
+    lon, lat = np.meshgrid(np.linspace(-67, -66, 40), np.linspace(18, 18.4, 30))
+    lon, lat = lon.ravel(), lat.ravel()
+    keep = np.arange(lon.size) % 7 != 3  # holes: pixels with no cell
+    lon, lat = lon[keep], lat[keep]
+    hw, hh = np.full(lon.size, 1 / 78), np.full(lon.size, 0.2 / 29)
+    ri = R.build_raster_index(lon, lat, hw, hh)
+    values = {"m": np.linspace(1, 2, lon.size), "lo": np.zeros(lon.size), "hi": np.ones(lon.size),
+              "w": np.ones(lon.size), "wt": np.full(lon.size, 0.5)}
+    lk = gridmap.lookup(ri, np.arange(lon.size) + 100, values, "Mbps", "log10(Mbps)", key="k")
+    png = base64.b64decode(lk["index_png"].split(",", 1)[1])
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int64).reshape(-1, 3)
+    decoded = (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+    want = np.where(ri.pix2cell >= ri.n_cells, gridmap.NO_CELL, ri.pix2cell)
+    np.testing.assert_array_equal(decoded, want)
+    assert (decoded == gridmap.NO_CELL).any() and (decoded < lon.size).any()
+    ids = np.frombuffer(base64.b64decode(lk["ids"]), dtype=np.int32)
+    np.testing.assert_array_equal(ids, np.arange(lon.size) + 100)
+    m = np.frombuffer(base64.b64decode(lk["vals"]["m"]), dtype=np.float32)
+    np.testing.assert_allclose(m, values["m"], rtol=1e-6)
+    assert (lk["w"], lk["h"], lk["bounds"]) == (ri.width, ri.height, list(ri.bounds))
+    assert gridmap.picked_cell({"cell": 5, "lon": 0, "lat": 0}) == 5
+    assert gridmap.picked_cell(None) is None and gridmap.picked_cell({"cell": -1}) is None
+    assert gridmap.picked_cell({"cell": "x"}) is None
 
 
 def test_dataset_spec_round_trips_through_the_url():
