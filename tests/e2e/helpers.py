@@ -77,7 +77,8 @@ def segment_selected(page, group: str) -> str:
 
 
 def radio(page, group: str, option: str) -> None:
-    page.get_by_role("radiogroup", name=group).get_by_text(option, exact=True).click()
+    page.get_by_role("radiogroup", name=group).get_by_test_id("stRadioOption").filter(
+        has_text=re.compile(rf"^{re.escape(option)}$")).first.click()
     settle(page)
 
 

@@ -179,7 +179,7 @@ def upload(page, name: str, data: bytes) -> None:
 
 
 def test_uploads_show_their_problems_and_the_fix_is_on_the_page(server, page):
-    page.goto(server + "/data")
+    page.goto(server)  # Data is the default page: its URL is the root
     page.get_by_role("heading", name="Data", exact=True).wait_for(timeout=120_000)
     settle(page)
     radio(page, "Source", "Upload a file")
