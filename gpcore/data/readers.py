@@ -669,7 +669,7 @@ def _to_wgs84(x, y, crs_in: pyproj.CRS, ctx: _Ctx, *, explicit: bool) -> tuple[n
             raise DataError(
                 f"{ctx.where()}: {declared} the projected CRS {report.crs_in} (coordinates in metres or feet), "
                 f"but all {int(fin.sum())} coordinates lie within +-180 / +-90, like degrees; the file's CRS is "
-                "probably wrong: pass crs='EPSG:4326' to read them as lon/lat degrees, or fix the CRS in the file"
+                "probably wrong: set the file's CRS to EPSG:4326 (lon/lat degrees), or read it with crs='EPSG:4326'"
             )
         lon = np.full(len(x), np.nan)
         lat = np.full(len(y), np.nan)

@@ -151,9 +151,9 @@ def test_a_very_long_upload_name_is_shortened(app, store):
 def test_an_unusable_upload_is_not_kept(app, store):
     app.run()
     app.radio(key="w_src_kind").set_value("Upload a file").run()
-    app.file_uploader(key="w_upload").upload("bad.csv", b"speed,name\n1,a\n2,b\n", "text/csv").run()
+    app.file_uploader(key="w_upload").upload("bad.csv", bytes(range(256)) * 64, "text/csv").run()
     assert any("bad.csv" in e.value for e in app.error)
-    assert not list((store / "_uploads").rglob("bad.csv")), "a file that failed validation is removed"
+    assert not list((store / "_uploads").rglob("bad.csv")), "a file that cannot be read at all is removed"
 
 
 def test_the_upload_cache_is_capped(store):
