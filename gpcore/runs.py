@@ -440,7 +440,7 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     final, out = out, _tmp_dir(out)
     try:
         _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s, t_all)
-        _publish(out, final)
+        _publish(out, final, overwrite)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -459,10 +459,11 @@ def _tmp_dir(final: Path) -> Path:
     return tmp
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
     """Rename the complete run into place (replacing an empty reserved folder, or an old run on overwrite)."""
     old = None
     if final.is_dir() and any(final.iterdir()):
+        check_out_dir(final, overwrite)  # something filled it while this run trained
         old = final.parent / f".tmp-{final.name}-{os.getpid()}-{os.urandom(4).hex()}"
         os.replace(final, old)
     try:

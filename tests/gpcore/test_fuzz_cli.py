@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import geopandas as gpd
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -58,6 +59,13 @@ def check(path: Path, *extra: str, command: str = "inspect") -> int:
     assert "Traceback" not in err and "internal error" not in err, err[-2000:]
     if rc == 2:
         assert err.strip().splitlines()[-1].startswith("error: "), err[-500:]
+    if command == "fit" and rc == 0:  # a run written is a real run: valid manifest, finite model and metrics
+        from gpcore.store import load_run
+
+        manifest, model = load_run(out)
+        pred = model.predict(np.array([[-66.5, 18.2], [-66.0, 18.3]]))
+        assert np.isfinite(pred.mean).all() and np.isfinite(pred.var_y).all()
+        TALLY["runs written"] = TALLY.get("runs written", 0) + 1
     return rc
 
 
