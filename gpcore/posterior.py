@@ -177,7 +177,7 @@ class JointPosterior:
     @property
     def noise_s(self) -> float:
         """Observation-noise variance in standardised units."""
-        return float(self.model._noise_s())
+        return float(self.model._noise_s().detach())
 
     def _xs(self, X, what: str = "X") -> torch.Tensor:
         from gpcore.models.base import as_2d_float
