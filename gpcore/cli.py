@@ -229,10 +229,14 @@ def cmd_compare(args) -> int:
 def _decision_run(run_dir):
     """``(manifest, model, grid GeoDataFrame, transform)`` of a run directory."""
     from gpcore import data as D
+    from gpcore.decide import joint_caveat
     from gpcore.runs import load_run_grid
 
     manifest, model = load_run(run_dir)
     grid = load_run_grid(run_dir)
+    note = joint_caveat(model)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     return manifest, model, grid, D.get_transform(manifest["config"].get("transform", "identity"))
 
 

@@ -53,6 +53,24 @@ def _phi(z: np.ndarray) -> np.ndarray:
     return ndtr(z)
 
 
+def joint_caveat(model) -> str | None:
+    """A note for models trained on a predictive (per-point marginal) objective, else ``None``.
+
+    dPPGP (DBK's default) and PPGP fit ``q(w)`` through the marginal predictive likelihood of single
+    points; the correlations ``q`` implies between places are constrained only by the small KL term.
+    On the bundled Puerto Rico DBK-RBF run the latent errors of all cells are correlated at ~0.99,
+    so areal sds barely shrink with the area's size and one new measurement "explains" most of the
+    variance everywhere. Exact-posterior (``dbk-mml``, ``exact``) and ELBO models (``svgp``, ``solvegp``)
+    carry a joint posterior fitted to all the data.
+    """
+    obj = getattr(getattr(model, "config", None), "objective", None)
+    if obj not in ("dppgp", "ppgp"):
+        return None
+    return (f"{model.registry_name} is trained on a predictive per-point objective ({obj}): its weight posterior "
+            "fits the marginals, and the joint correlations it implies (areal sds, sample patterns, suggestions) "
+            "are only weakly constrained; compare with dbk-mml or svgp before acting on joint quantities")
+
+
 def _posterior(model_or_post) -> JointPosterior:
     return model_or_post if isinstance(model_or_post, JointPosterior) else JointPosterior(model_or_post)
 

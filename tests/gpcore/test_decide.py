@@ -247,3 +247,12 @@ def test_min_spacing(data):
     assert (d[~np.eye(len(P), dtype=bool)] >= 15.0).all()
     with pytest.raises(InputError, match="k=0"):
         suggest(model, grid, k=0)
+
+
+def test_joint_caveat_names_predictive_objectives(data):
+    from gpcore.decide import joint_caveat
+
+    assert "dppgp" in joint_caveat(fitted("dbk", data))
+    assert joint_caveat(fitted("dbk-mml", data)) is None
+    assert joint_caveat(fitted("svgp", data)) is None
+    assert joint_caveat(fitted("exact", data)) is None
