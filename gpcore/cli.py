@@ -277,8 +277,9 @@ def cmd_exceed(args) -> int:
     from gpcore import decide
 
     manifest, model, grid, tr = _decision_run(args.run_dir)
+    stored = decide.grid_prediction(grid, model.noise_variance) if {"mean_t", "sd_t"} <= set(grid.columns) else None
     e = decide.exceedance(model, grid[["lon", "lat"]].to_numpy(float), args.threshold, units=args.units,
-                          transform=tr, direction=args.direction)
+                          transform=tr, direction=args.direction, pred=stored)
     side = args.direction
     out = grid[["cell_id", "lon", "lat", "geometry"]].copy()
     out[f"p_{side}"] = e.p_f

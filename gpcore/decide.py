@@ -113,22 +113,34 @@ class Exceedance:
 
 
 def exceedance(model, X, threshold: float, *, units: str = "model", transform="identity",
-               direction: str = "below") -> Exceedance:
+               direction: str = "below", pred=None) -> Exceedance:
     """``P(f(x) < t)`` and ``P(y(x) < t)`` (or ``>`` with ``direction="above"``) at each row of ``X``.
 
-    Marginals only (``O(n p^2)``, the model's prediction); ``units="original"`` maps ``t`` through the
-    target transform first (the transforms are increasing, so the event is the same).
+    Marginals only (``O(n p^2)``, the model's prediction; with ``pred`` — a :class:`~gpcore.Prediction`
+    at ``X`` computed before, e.g. from a run's stored grid by :func:`grid_prediction` — ``O(n)``);
+    ``units="original"`` maps ``t`` through the target transform first (the transforms are increasing,
+    so the event is the same).
     """
     if direction not in ("below", "above"):
         raise InputError(f"direction={direction!r} is not allowed; use 'below' or 'above'")
     t = model_threshold(threshold, units, transform)
-    pred = model.predict(X)
+    pred = model.predict(X) if pred is None else pred
     sd_f = np.sqrt(np.maximum(pred.var_f, 1e-300))
     p_f = _phi((t - pred.mean) / sd_f)
     p_y = _phi((t - pred.mean) / np.sqrt(pred.var_y))
     if direction == "above":
         p_f, p_y = 1.0 - p_f, 1.0 - p_y
     return Exceedance(p_f, p_y, t, direction, pred.mean, sd_f)
+
+
+def grid_prediction(grid, noise_variance: float):
+    """The :class:`~gpcore.Prediction` stored in a run's ``grid.parquet`` (``mean_t``, ``sd_t`` = predictive sd
+    in model space): ``var_f = sd_t^2 - noise``. Nothing is recomputed."""
+    from gpcore.models.base import Prediction
+
+    mean = np.asarray(grid["mean_t"], dtype=float)
+    var_y = np.asarray(grid["sd_t"], dtype=float) ** 2
+    return Prediction(mean=mean, var_f=np.maximum(var_y - float(noise_variance), 0.0), var_y=var_y)
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,7 +276,7 @@ def area_posteriors(model, X, labels, *, weights=None, threshold: float | None =
 # --------------------------------------------------------------------------------------------
 
 
-def plausible_maps(model, X, n: int = 4, seed: int = 0, num_features: int = 1024) -> np.ndarray:
+def plausible_maps(model, X, n: int = 4, seed: int = 0, num_features: int = 512) -> np.ndarray:
     """``n`` joint posterior samples of f over the places ``X`` (``n x len(X)``, model space), seeded."""
     return _posterior(model).sample(X, n, seed=seed, num_features=num_features)
 

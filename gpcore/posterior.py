@@ -52,7 +52,7 @@ import torch
 from gpcore.errors import InputError
 
 #: random Fourier features per residual sample (the sample covariance is unbiased for any D)
-DEFAULT_RFF = 1024
+DEFAULT_RFF = 512
 #: rows per chunk when computing features
 CHUNK = 4096
 
@@ -323,14 +323,14 @@ class JointPosterior:
         return S.cpu().numpy() * self.scale + self.shift
 
 
-def _rff_eval(A: torch.Tensor, Om: torch.Tensor, ph: torch.Tensor, th: torch.Tensor, budget: int = 1 << 23):
+def _rff_eval(A: torch.Tensor, Om: torch.Tensor, ph: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
     """``h_s(a) = sum_d th[s, d] cos(Om[s, d] . a + ph[s, d])`` for every sample ``s``: ``(n x s)``."""
-    n, (s, D, _) = A.shape[0], Om.shape
+    n, s = A.shape[0], Om.shape[0]
     out = torch.empty(n, s, dtype=torch.float64)
-    step = max(1, budget // max(1, n * D))
-    for j in range(0, s, step):
-        Z = torch.einsum("nq,sdq->snd", A, Om[j : j + step]) + ph[j : j + step, None, :]
-        out[:, j : j + step] = (torch.cos_(Z) * th[j : j + step, None, :]).sum(-1).T
+    if Om.shape[1] == 1:  # one feature per column (the suggestion engine's residual features)
+        return torch.cos_(A @ Om[:, 0, :].T + ph[:, 0]) * th[:, 0]
+    for j in range(s):
+        out[:, j] = torch.cos_(torch.addmm(ph[j][None, :], A, Om[j].T)) @ th[j]
     return out
 
 

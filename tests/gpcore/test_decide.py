@@ -256,3 +256,17 @@ def test_joint_caveat_names_predictive_objectives(data):
     assert joint_caveat(fitted("dbk-mml", data)) is None
     assert joint_caveat(fitted("svgp", data)) is None
     assert joint_caveat(fitted("exact", data)) is None
+
+
+def test_exceedance_from_stored_grid_marginals(data):
+    """A run's grid stores mean_t and the predictive sd_t; the map from them equals the one from the model."""
+    from gpcore.decide import grid_prediction
+
+    model = fitted("svgp", data)
+    grid = data[2]
+    pred = model.predict(grid)
+    stored = grid_prediction({"mean_t": pred.mean, "sd_t": pred.sd}, model.noise_variance)
+    a = exceedance(model, grid, 1.3, pred=stored)
+    b = exceedance(model, grid, 1.3)
+    np.testing.assert_allclose(a.p_f, b.p_f, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(a.p_y, b.p_y, rtol=1e-12)
