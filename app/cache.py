@@ -7,7 +7,7 @@ strings and small tables use ``st.cache_data``.
 
 Cost per click on a map (see ``benchmarks/bench_app.py``): ``st_kernel`` holds the grid's
 features, so a slice is one matrix-vector product; the image is a palette PNG from the cached
-raster index; the pickable cells are the cached ``st_cells_json`` string.
+raster index; the grid-map component's cell lookup is the cached ``st_grid_lookup``.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def units_of(column: str) -> str:
 def st_load_dataset(spec: DatasetSpec) -> LoadedData:
     """Read, validate and stratify a data set exactly as a run would (``gpcore.runs.load_frame``)."""
     from gpcore import data as D
+    from gpcore.identity import dataset_identity
     from gpcore.runs import frame_hash, load_frame
 
     cfg = spec.run_config()
@@ -81,7 +82,7 @@ def st_load_dataset(spec: DatasetSpec) -> LoadedData:
         source=source,
         state=state,
         report=gdf.attrs.get("report"),
-        data_hash=frame_hash(X, y_t),
+        data_hash=dataset_identity(cfg.to_dict()) or frame_hash(X, y_t),
         y_t=y_t,
         units=units_of(spec.y),
     )
@@ -92,28 +93,64 @@ class Inspection:
     """What a file holds, for the column-mapping widgets (auto-detected picks included)."""
 
     columns: list[str]
-    numeric: list[str]
+    numeric: list[str]  # number columns as the reader treats them (a few text cells allowed), no coordinates
     lon: str | None
     lat: str | None
     time: str | None
     quarters: list[str]
     rows: int
     report_text: str
+    profiles: dict  # name -> gpcore.data.columns.ColumnProfile (of the raw file rows)
+
+    def default_target(self) -> str | None:
+        from gpcore.data.columns import guess_target
+
+        return guess_target({n: self.profiles[n] for n in self.numeric}, coordinates=(self.lon, self.lat))
+
+
+#: Columns the reader adds (never offered as target, weight or strata).
+INTERNAL_COLUMNS = {"geometry", "lon", "lat", "time_year"}
+
+
+@st.cache_resource(show_spinner="Reading the file ...", max_entries=8)
+def st_columns(source: str) -> tuple[list[str], dict]:
+    """The file's columns as read and their profiles (DataError only when the file cannot be read at all)."""
+    from gpcore.data.columns import profile_columns, read_table
+
+    spec = DatasetSpec(source=source)
+    path = _path_of(spec)
+    df = read_table(path)
+    profiles = profile_columns(df)
+    return list(profiles), profiles
+
+
+def _path_of(spec: DatasetSpec):
+    from gpcore import data as D
+
+    return D.sample_path(spec.sample_key) if spec.sample_key else _source_path(spec.source)
 
 
 @st.cache_resource(show_spinner="Inspecting the file ...", max_entries=8)
-def st_inspect(source: str) -> Inspection:
-    """Read a file once without a target to list its columns and what gpcore detects (DataError if unusable)."""
+def st_inspect(source: str, lon: str | None = None, lat: str | None = None) -> Inspection:
+    """Read a file once without a target to list its columns and what gpcore detects (DataError if unusable).
+
+    ``lon`` / ``lat`` are the user's coordinate columns (None: auto-detect).
+    """
     from gpcore import data as D
+    from gpcore.data.columns import is_coordinate_name
 
     spec = DatasetSpec(source=source)
-    path = D.sample_path(spec.sample_key) if spec.sample_key else _source_path(source)
-    gdf = D.read_measurements(path, allow_drop=True)
+    gdf = D.read_measurements(_path_of(spec), lon=lon, lat=lat, allow_drop=True)
     rep = gdf.attrs["report"]
-    skip = {"geometry", "lon", "lat", "time_year"}
+    _, raw = st_columns(source)
+    from gpcore.data.columns import profile_column
+
+    # columns the reader derives (Ookla's download_mbps from avg_d_kbps) are profiled as read
+    profiles = {**raw, **{c: profile_column(gdf[c]) for c in gdf.columns if c not in raw and c != "geometry"}}
     columns = [c for c in gdf.columns if c != "geometry"]
-    numeric = [c for c in columns if c not in skip and pd.api.types.is_numeric_dtype(gdf[c])
-               and not pd.api.types.is_bool_dtype(gdf[c])]
+    used = {rep.columns.get("lon"), rep.columns.get("lat")}
+    numeric = [c for c in columns if c in profiles and profiles[c].numeric and c not in INTERNAL_COLUMNS
+               and c not in used and not is_coordinate_name(c)]
     time_col = rep.columns.get("time")
     quarters: list[str] = []
     if time_col:
@@ -128,6 +165,7 @@ def st_inspect(source: str) -> Inspection:
         quarters=quarters,
         rows=len(gdf),
         report_text=rep.to_text(),
+        profiles=profiles,
     )
 
 
@@ -353,20 +391,16 @@ def st_raster(path: str, stamp: float) -> R.RasterIndex:
 
 
 @st.cache_resource(show_spinner="Preparing the map cells ...", max_entries=8)
-def st_cells_json(path: str, stamp: float) -> str:
-    """The pickable cells of a run's grid with tooltip fields (serialised once per run; a shared,
-    immutable string, so ``cache_resource`` avoids copying megabytes on every rerun)."""
+def st_grid_lookup(path: str, stamp: float) -> dict:
+    """Tooltip and click lookup of a run's grid for :func:`app.gridmap.grid_map` (made once per run)."""
+    from app import gridmap
+
     run = st_run_data(path, stamp)
     g = run.grid
-    fmt = np.vectorize(format_number, otypes=[object])
-    fields = {
-        "m": fmt(g["mean"].to_numpy()),
-        "lo": fmt(g["lower"].to_numpy()),
-        "hi": fmt(g["upper"].to_numpy()),
-        "w": fmt(g["width"].to_numpy()),
-        "wt": fmt(g["width_t"].to_numpy()),
-    }
-    return L.cells_json(g["cell_id"].to_numpy(), g["lon"].to_numpy(), g["lat"].to_numpy(), fields)
+    values = {k: g[c].to_numpy() for k, c in (("m", "mean"), ("lo", "lower"), ("hi", "upper"), ("w", "width"),
+                                                ("wt", "width_t"))}
+    return gridmap.lookup(st_raster(path, stamp), g["cell_id"].to_numpy(), values, run.units, run.t_units,
+                          key=f"{path}:{stamp}")
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

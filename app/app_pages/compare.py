@@ -86,20 +86,24 @@ def page() -> None:
         tests.append(t)
     if tests:
         test = pd.concat(tests, ignore_index=True)
+        colors = charts.stratum_colors([*test.get("stratum", pd.Series(dtype=str)).astype(str).unique(),
+                                        *table["group"].astype(str).unique()])
+        cfg = charts.CONFIG
         c1, c2 = st.columns(2)
         with c1:
             st.subheader("95% PI widths by stratum")
-            st.plotly_chart(charts.width_violins(test, units), width="stretch", key="cmp_violins")
+            st.plotly_chart(charts.width_violins(test, units, colors), width="stretch", key="cmp_violins", config=cfg)
         with c2:
             st.subheader("Coverage per stratum")
-            st.plotly_chart(charts.coverage_bars(table), width="stretch", key="cmp_coverage")
+            st.plotly_chart(charts.coverage_bars(table, colors=colors), width="stretch", key="cmp_coverage",
+                            config=cfg)
         c3, c4 = st.columns(2)
         with c3:
             st.subheader("Calibration")
-            st.plotly_chart(charts.calibration(test), width="stretch", key="cmp_calibration")
+            st.plotly_chart(charts.calibration(test), width="stretch", key="cmp_calibration", config=cfg)
         with c4:
             st.subheader("Fit and predict times")
-            st.plotly_chart(charts.timings(overall), width="stretch", key="cmp_timings")
+            st.plotly_chart(charts.timings(overall), width="stretch", key="cmp_timings", config=cfg)
 
 
 page()

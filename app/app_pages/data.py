@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import cache, mapview, state
 from app.colors import legend_html
+from app.messages import for_page
 from gpcore.errors import GPCoreError
 
 UPLOAD_TYPES = ["csv", "tsv", "txt", "parquet", "geoparquet", "geojson", "json", "gpkg", "zip"]
@@ -60,9 +61,9 @@ def source_picker(active: state.DatasetSpec) -> str | None:
         return None
     ref = state.save_upload(upload.name, upload.getvalue())
     try:
-        cache.st_inspect(ref)
+        cache.st_columns(ref)
     except GPCoreError as exc:
-        st.error(f"**{upload.name}** cannot be used: {exc}")
+        st.error(f"**{upload.name}** cannot be used: {for_page(exc)}")
         st.caption("The previous data set and all runs are kept.")
         return None
     ss.ua_last_upload = ref
@@ -70,38 +71,63 @@ def source_picker(active: state.DatasetSpec) -> str | None:
 
 
 def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec | None:
-    """Coordinate, target, weight and time columns (auto-detected, editable), period, transform, strata."""
-    from gpcore.data import SAMPLES
+    """Coordinate, target, weight and time columns (auto-detected, editable), period, transform, strata.
 
+    The Longitude / Latitude selectors come first and stay visible when the file fails, so the fix a
+    message names (another column, swapped columns) can be applied right here.
+    """
+    from gpcore.data import SAMPLES
+    from gpcore.data.columns import default_transform
+
+    name = state.DatasetSpec(source=source).file_name
     try:
-        ins = cache.st_inspect(source)
+        raw_cols, profiles = cache.st_columns(source)
     except GPCoreError as exc:
-        st.error(str(exc))
+        st.error(f"**{name}** cannot be used: {for_page(exc)}")
         return None
     same = source == active.source
     base = active if same else (
         state.DatasetSpec.for_sample(source[len(state.SAMPLE_PREFIX):]) if source.startswith(state.SAMPLE_PREFIX)
-        else state.DatasetSpec(source=source, quarter=None, y="", transform="identity", strata=None)
+        else state.DatasetSpec(source=source, quarter=None, y="", transform="", strata=None)
     )
-    cols = ins.columns
     sfx = source.replace("/", "_")
     c1, c2 = st.columns(2)
     with c1:
-        opts = [AUTO, *cols]
-        lon = st.selectbox("Longitude column", opts, index=opts.index(base.lon) if base.lon in cols else 0,
-                           key=f"w_lon_{sfx}", help=f"Auto-detected: {ins.lon or 'none (geometry or quadkeys)'}")
-        lat = st.selectbox("Latitude column", opts, index=opts.index(base.lat) if base.lat in cols else 0,
-                           key=f"w_lat_{sfx}", help=f"Auto-detected: {ins.lat or 'none (geometry or quadkeys)'}")
+        opts = [AUTO, *raw_cols]
+        lon = st.selectbox("Longitude column", opts, index=opts.index(base.lon) if base.lon in raw_cols else 0,
+                           key=f"w_lon_{sfx}", help="Auto-detect finds lon/lng/longitude, x, a geometry or quadkeys.")
+        lat = st.selectbox("Latitude column", opts, index=opts.index(base.lat) if base.lat in raw_cols else 0,
+                           key=f"w_lat_{sfx}", help="Auto-detect finds lat/latitude, y, a geometry or quadkeys.")
+    lon_arg, lat_arg = (None if lon == AUTO else lon), (None if lat == AUTO else lat)
+    if (lon_arg is None) != (lat_arg is None):
+        st.info("Choose both a Longitude column and a Latitude column (or set both to auto-detect).")
+        return None
+    try:
+        ins = cache.st_inspect(source, lon_arg, lat_arg)
+    except GPCoreError as exc:
+        st.error(f"**{name}** cannot be used yet: {for_page(exc)}")
+        st.caption("The previous data set and all runs are kept.")
+        return None
+    with c1:
+        st.caption(f"Coordinates: `{ins.lon or '?'}` / `{ins.lat or '?'}`" if ins.lon else
+                   "Coordinates from the file's geometry or quadkeys.")
+    cols = ins.columns
     numeric = ins.numeric
     if not numeric:
-        st.error("The file has no numeric column to model; add one (e.g. a speed or a concentration).")
+        st.error("The file has no numeric column to model besides the coordinates; add one (e.g. a speed or a "
+                 "concentration).")
         return None
-    default_y = base.y if base.y in numeric else _guess_target(numeric)
+    default_y = base.y if base.y in numeric else ins.default_target()
     with c2:
-        y = st.selectbox("Target column", numeric, index=numeric.index(default_y), key=f"w_y_{sfx}")
-        w_opts = [NONE, *numeric]
+        y = st.selectbox("Target column", numeric, index=numeric.index(default_y), key=f"w_y_{sfx}",
+                         help="Number columns that are not coordinates; a few text cells are dropped (listed below).")
+        note = ins.profiles[y].drop_note() if y in ins.profiles else ""
+        if note:
+            st.warning(note + ".")
+        w_opts = [NONE, *[c for c in numeric if c != y]]
         weight = st.selectbox("Weight column (optional)", w_opts,
-                              index=w_opts.index(base.weight) if base.weight in numeric else 0, key=f"w_weight_{sfx}")
+                              index=w_opts.index(base.weight) if base.weight in w_opts else 0, key=f"w_weight_{sfx}",
+                              help="Measurements behind each value (Ookla: tests).")
     c3, c4 = st.columns(2)
     with c3:
         t_opts = [AUTO, NONE, *cols]
@@ -120,10 +146,13 @@ def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec 
                              help="A year keeps its four quarters; 'all' keeps every record.")
             quarter = None if q == "all" else q
     with c4:
-        default_t = base.transform if base.transform in TRANSFORMS else "identity"
-        transform = st.selectbox("Target transform", TRANSFORMS, index=TRANSFORMS.index(default_t), key=f"w_tr_{sfx}",
-                                 help="Models train on the transformed target; maps show the original units.")
-    strata = strata_picker(base, cols, sfx)
+        default_t = base.transform if base.transform in TRANSFORMS else default_transform(ins.profiles.get(y))
+        transform = st.selectbox("Target transform", TRANSFORMS, index=TRANSFORMS.index(default_t),
+                                 key=f"w_tr_{sfx}_{y}",
+                                 help="Models train on the transformed target; maps show the original units. "
+                                 "log10 is the default for positive speeds, prices and counts.")
+    strata_cols = [c for c in cols if c not in cache.INTERNAL_COLUMNS and c not in (ins.lon, ins.lat)]
+    strata = strata_picker(base, strata_cols, sfx)
     if strata is False:
         return None
     return state.DatasetSpec(
@@ -131,19 +160,12 @@ def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec 
         quarter=quarter,
         y=y,
         transform=transform,
-        lon=None if lon == AUTO else lon,
-        lat=None if lat == AUTO else lat,
+        lon=lon_arg,
+        lat=lat_arg,
         weight=None if weight == NONE else weight,
         time=None if time in (AUTO, NONE) else time,
         strata=strata,
     )
-
-
-def _guess_target(numeric: list[str]) -> str:
-    for name in ("download_mbps", "value", "target", "y"):
-        if name in numeric:
-            return name
-    return numeric[0]
 
 
 def strata_picker(base: state.DatasetSpec, cols: list[str], sfx: str):

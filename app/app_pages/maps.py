@@ -1,9 +1,10 @@
 """Maps: posterior mean, 95 % PI width and measurements for a run; click a cell for its kernel slice.
 
-Every grid map is a colour bitmap under a transparent pickable cell layer (colours stay true
-when a cell is selected). A click sets the reference point ``x_ref`` (kept in the session and
-the URL, so it survives recolouring and switching maps); the kernel slice ``k(grid, x_ref)``
-is one matrix-vector product with the grid's cached features.
+Grid maps are the grid-map component (:mod:`app.gridmap`): a colour bitmap drawn by deck.gl with
+nothing pickable; a click anywhere on a cell returns that cell (read from the grid's pixel -> cell
+index, not by GPU picking), and its centre becomes the reference point ``x_ref`` (kept in the session
+and the URL, so it survives recolouring and switching maps). The kernel slice ``k(grid, x_ref)`` is
+one matrix-vector product with the grid's cached features.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import cache, mapview, state
+from app import cache, gridmap, mapview, state
 from app.colors import SCALES, format_number, legend_html
 from app.modelinfo import noise_text, uncertainty_note
-from app.selection import picked_point
 from gpcore.errors import GPCoreError
 
 MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements"}
@@ -26,11 +26,15 @@ SLICE_MODES = {
 MAP_SCALES = [s for s in SCALES if s not in ("rdbu", "puor")]
 
 
-def on_pick(key: str) -> None:
-    """Selection callback of a grid map: a picked cell becomes ``x_ref`` (empty selections are ignored)."""
-    hit = picked_point(st.session_state.get(key), "cells")
-    if hit is not None:
-        st.session_state.ua_xref = (hit[0], hit[1])
+def on_pick(widget_key: str, key: tuple[str, float]) -> None:
+    """Click callback of a grid map: the clicked cell's centre becomes ``x_ref`` (kept in the session and URL)."""
+    cell = gridmap.picked_cell(st.session_state.get(widget_key))
+    if cell is None:
+        return
+    grid = cache.st_run_data(*key).grid
+    if cell >= len(grid):
+        return
+    st.session_state.ua_xref = (round(float(grid["lon"].iloc[cell]), 5), round(float(grid["lat"].iloc[cell]), 5))
 
 
 def controls(runs) -> dict:
@@ -39,12 +43,11 @@ def controls(runs) -> dict:
     titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
     c = st.columns([5, 4])
     with c[0]:
-        state.bind("w_maps_run", "ua_run", lambda v: v in ids)
-        ss.ua_run = st.selectbox("Run", ids, format_func=titles.get, key="w_maps_run")
+        state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_maps_run", state_key="ua_run",
+                    valid=lambda v: v in ids)
     with c[1]:
-        state.bind("w_map_kind", "ua_map", lambda v: v in MAP_LABELS)
-        ss.ua_map = st.segmented_control("Map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="w_map_kind") \
-            or ss.ua_map or "mean"
+        state.bound(st.segmented_control, "Map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="w_map_kind",
+                    state_key="ua_map", valid=lambda v: v in MAP_LABELS)
     c = st.columns([2, 3, 2, 2])
     with c[0]:
         scale = st.selectbox("Colour scale", MAP_SCALES, key="w_scale")
@@ -62,8 +65,8 @@ def controls(runs) -> dict:
         ss.ua_side = st.toggle("Second run side by side", value=bool(ss.get("ua_run2")), key="w_side")
         if ss.ua_side and len(ids) > 1:
             others = [i for i in ids if i != ss.ua_run]
-            state.bind("w_maps_run2", "ua_run2", lambda v: v in others)
-            ss.ua_run2 = st.selectbox("Second run", others, format_func=titles.get, key="w_maps_run2")
+            state.bound(st.selectbox, "Second run", others, format_func=titles.get, key="w_maps_run2",
+                        state_key="ua_run2", valid=lambda v: v in others)
         elif ss.ua_side:
             st.caption("Train another run to compare two maps.")
             ss.ua_run2 = None
@@ -85,14 +88,21 @@ def run_info(info) -> tuple[cache.RunData, tuple[str, float]]:
     return cache.st_run_data(*key), key
 
 
-def outlines_for(run: cache.RunData, with_strata: bool) -> list[dict]:
+def outline_parts(run: cache.RunData, with_strata: bool):
+    """``(region GeoJSON, strata outlines)`` of a run: its state, else the hull of its grid."""
     cfg = run.config
     state_code = run.manifest.get("data", {}).get("state")
-    region_json = None
     if state_code:
         region_json, _ = cache.st_region_outline(state_code, None)
+    else:
+        region_json, _ = cache.st_region_outline(None, f"grid:{run.path}", _frame=run.grid)
     strata = cache.st_strata_outlines(cfg.get("strata"), state_code) if with_strata else []
-    return mapview.outline_layers(region_json, strata)
+    return region_json, strata
+
+
+def outlines_for(run: cache.RunData, with_strata: bool) -> list[dict]:
+    """Outline layers for the pydeck measurement map."""
+    return mapview.outline_layers(*outline_parts(run, with_strata))
 
 
 def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
@@ -129,14 +139,12 @@ def main_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width
 def grid_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width_px: int = 560) -> None:
     col, scale, title = mapview.grid_scale(run, kind, opts["scale"], opts["width_units"], limits)
     image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
-    # No x_ref marker here: the main map's spec then stays identical across clicks, so the browser
-    # does not re-parse megabytes of cells; the picked cell is highlighted by the selection itself
-    # and the slice map carries the marker.
-    deck = mapview.grid_deck(run, key, image, pickable=True, outlines=outlines_for(run, opts["strata"]),
-                             xref=None, basemap=opts["basemap"], width_px=width_px)
-    pick_key = f"pick_{run.run_id}"
-    st.pydeck_chart(deck, height=deck.map_height, on_select=lambda: on_pick(pick_key), selection_mode="single-object",
-                    key=pick_key)
+    # The main map shows no x_ref marker: its arguments then stay the same across clicks (the slice map
+    # carries the marker).
+    widget_key = f"pick_{run.run_id}"
+    mapview.draw_grid(run, key, image, widget_key=widget_key, clickable=True,
+                      outlines=mapview.outline_specs(*outline_parts(run, opts["strata"])), basemap=opts["basemap"],
+                      width_px=width_px, on_change=lambda: on_pick(widget_key, key))
     st.html(legend_html(scale, title))
 
 
@@ -174,10 +182,10 @@ def kernel_panel(run: cache.RunData, key, opts: dict, xref) -> None:
     else:
         title = "Kernel slice: " + SLICE_MODES[opts["slice_mode"]]
     image = cache.slice_image(*key, values, scale)
-    deck = mapview.grid_deck(run, key, image, pickable=False, outlines=outlines_for(run, opts["strata"]),
-                             xref=xref, basemap=opts["basemap"], width_px=560)
     st.markdown(f"**Kernel slice at x_ref** = ({xref[0]:.5f}, {xref[1]:.5f}), cell `{cell_id}`")
-    st.pydeck_chart(deck, height=deck.map_height, key=f"slice_{run.run_id}")
+    mapview.draw_grid(run, key, image, widget_key=f"slice_{run.run_id}", clickable=False,
+                      outlines=mapview.outline_specs(*outline_parts(run, opts["strata"])), xref=xref,
+                      basemap=opts["basemap"], width_px=560)
     st.html(legend_html(scale, title))
     point_summary(run, key, xref)
 

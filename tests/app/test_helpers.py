@@ -64,23 +64,17 @@ def test_raster_leaves_gaps_transparent():
 
 
 def test_deck_spec_splices_raw_json_and_has_no_basemap_offline():
-    cells = L.cells_json(["a", "b"], [-66.0, -66.1], [18.0, 18.1], {"m": ["1", "2"]})
-    spec = L.deck_spec(
-        [L.bitmap_layer("colour", "data:image/png;base64,AAAA", (-67, 17.8, -65, 18.6)),
-         L.pick_layer("cells", L.Raw(cells), 100.0)],
-        L.view_for_bounds((-67, 17.8, -65, 18.6)),
-    )
+    dots = L.points_json([-66.0, -66.1], [18.0, 18.1], np.array([[1, 2, 3], [4, 5, 6]]), {"v": ["1", "2"]})
+    spec = L.deck_spec([L.points_layer("measurements", L.Raw(dots))], L.view_for_bounds((-67, 17.8, -65, 18.6)))
     d = json.loads(spec)
     assert d["mapStyle"] == "__MAP_STYLE__"  # Streamlit's "no basemap" sentinel: no tile requests
-    assert d["layers"][1]["data"] == [
-        {"id": "a", "p": [-66.0, 18.0], "m": "1"}, {"id": "b", "p": [-66.1, 18.1], "m": "2"}
+    assert d["layers"][0]["data"] == [
+        {"p": [-66.0, 18.0], "c": [1, 2, 3], "v": "1"}, {"p": [-66.1, 18.1], "c": [4, 5, 6], "v": "2"}
     ]
-    assert d["layers"][0]["image"].startswith("data:image/png")  # not turned into an accessor
-    assert d["layers"][1]["getFillColor"][3] > 0, "alpha 0 would make ColumnLayer cells unpickable"
-    assert d["layers"][0]["pickable"] is False
+    assert d["layers"][0]["getPosition"] == "@@=p"
     online = json.loads(L.deck_spec([], L.view_for_bounds((0, 0, 1, 1)), basemap=True))
     assert "cartocdn" in online["mapStyle"]
-    deck = L.PrebuiltDeck(spec, tooltip=L.tooltip("{id}"))
+    deck = L.PrebuiltDeck(spec, tooltip=L.tooltip("{v}"))
     assert deck.to_json() == spec and deck.nbytes == len(spec)
 
 
@@ -158,3 +152,32 @@ def test_widths_violins_split_by_stratum():
     assert float(fig.data[0].y[0]) == pytest.approx(2 * 1.959964 * np.sqrt(0.1), rel=1e-5)
     metrics = pd.DataFrame({"model": ["a", "a"], "group": ["metro", "non-metro"], "coverage": [0.9, 0.97]})
     assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95
+
+
+def test_every_chart_gives_a_stratum_the_same_colour_and_many_strata_stay_violins():
+    import pandas as pd
+
+    from app.charts import DISPLAY, coverage_bars, stratum_colors, width_violins
+
+    strata = ["INLAND", "NEAR BAY", "<1H OCEAN", "NEAR OCEAN", "ISLAND"]
+    rng = np.random.default_rng(0)
+    test = pd.DataFrame({"model": np.repeat(["dbk-rbf", "svgp"], 50), "var_y": rng.uniform(0.01, 0.1, 100),
+                         "stratum": np.tile(strata, 20), "mean": 0.0, "y": 0.1})
+    metrics = pd.DataFrame({"model": np.repeat(["dbk-rbf", "svgp"], 6), "group": ["all", *strata] * 2,
+                            "coverage": rng.uniform(0.9, 0.99, 12)})
+    colors = stratum_colors([*strata, "all"])
+    assert len({colors[s] for s in strata}) == len(strata), "a colour of its own per stratum"
+    violins = width_violins(test, "log10(y)", colors)
+    bars = coverage_bars(metrics, colors=colors)
+    assert [t.name for t in violins.data] == sorted(strata)
+    by_name = {t.name: t.line.color for t in violins.data}
+    for t in bars.data:
+        if t.name != "all":
+            assert t.marker.color == by_name[t.name], t.name
+    assert all(t.scalemode == "width" and t.side == "both" for t in violins.data), "full violins, same width"
+    assert violins.layout.violinmode == "group"
+    # two strata: halves of one violin, urban left, the colours of urban and rural
+    two = width_violins(test.assign(stratum=np.tile(["non-metro", "metro"], 50)), "")
+    assert [(t.name, t.side) for t in two.data] == [(DISPLAY["metro"], "negative"), (DISPLAY["non-metro"], "positive")]
+    lo, hi = bars.layout.yaxis.range
+    assert lo <= 0.8 and hi > 1.0, "the 95 % line in context and the bar labels inside the axis"

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT
+from tests.app.conftest import APP, TIMEOUT, gridmaps
 
 PAGES = ["app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py"]
 
@@ -55,7 +55,7 @@ def test_fresh_install_shows_the_bundled_run(empty_store):
     at.switch_page("app_pages/maps.py").run()
     no_exceptions(at)
     assert at.session_state["ua_run"] == bundled[0].run_id
-    assert len(at.get("deck_gl_json_chart")) == 2, "the Maps page shows the mean map and a kernel slice"
+    assert len(gridmaps(at)) == 2, "the Maps page shows the mean map and a kernel slice"
     assert "Posterior mean at x_ref" in {m.label for m in at.metric}
     at.switch_page("app_pages/compare.py").run()
     no_exceptions(at)
