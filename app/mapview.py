@@ -55,7 +55,8 @@ def outline_specs(region_json: str | None, strata: list[tuple[str, str, tuple]] 
 
 
 def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, widget_key: str, clickable: bool,
-              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560, on_change=None):
+              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560, on_change=None,
+              labels: list[dict] | None = None, hint: str | None = None):
     """A grid map (colour bitmap, outlines, x_ref marker) as the grid-map component; returns its last click.
 
     ``clickable`` maps carry the cell lookup: hover tooltips (cell id, mean, interval, width) and a click
@@ -70,7 +71,7 @@ def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, wid
         image=image_url, bounds=raster.bounds, view=view, height=height, outlines=outlines, key=widget_key,
         view_key=f"{run.run_id}:{width_px}", marker=xref, lookup=cache.st_grid_lookup(*key) if clickable else None,
         basemap=basemap, clickable=clickable, on_change=on_change,
-        hint="Click a cell to set x_ref" if clickable else "",
+        hint=hint if hint is not None else ("Click a cell to set x_ref" if clickable else ""), labels=labels,
     )
 
 
