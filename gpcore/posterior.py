@@ -259,20 +259,18 @@ class JointPosterior:
         res = self.form.residual
         means = np.zeros(len(groups))
         var = np.zeros(len(groups))
-        Psi = self.features_s(Xs)
-        lat = self.latent_s(Xs) if res is not None else None
         for g, (idx, w) in enumerate(groups):
             idx = np.asarray(idx, dtype=np.int64)
             wt = torch.as_tensor(np.asarray(w, dtype=np.float64))
             if idx.size == 0:
                 means[g] = var[g] = np.nan
                 continue
-            Pa = Psi[idx]
-            v = Pa.T @ wt
+            Xa = Xs[torch.as_tensor(idx)]  # one group's places at a time: memory O(n_a p)
+            v = self.features_s(Xa).T @ wt
             means[g] = float(self.form.mu0 * wt.sum() + v @ self.mean_w)
             s = float((self.factor.T @ v).pow(2).sum())
             if res is not None:
-                A = lat[idx]
+                A = self.latent_s(Xa)
                 quad = 0.0
                 for i in range(0, idx.size, block):
                     for j in range(i, idx.size, block):
