@@ -95,6 +95,24 @@ def test_suggest(run_dir, tmp_path, capsys):
     assert len(pd.read_csv(csv)) == 2
 
 
+def test_suggest_among_uploaded_candidates(run_dir, csv_file, tmp_path):
+    """Candidates from a file: the picks are rows of that file, the first one the brute-force argmax."""
+    from gpcore.posterior import JointPosterior
+
+    out = tmp_path / "picks.csv"
+    assert main(["suggest", str(run_dir), "--k", "1", "--candidates", str(csv_file), "--engine", "dense",
+                 "--out", str(out)]) == 0
+    picks = pd.read_csv(out)
+    cand = pd.read_csv(csv_file)[["lon", "lat"]].to_numpy()
+    grid = pd.read_parquet(run_dir / "grid.parquet")[["lon", "lat"]].to_numpy()
+    _, model = load_run(run_dir)
+    jp = JointPosterior(model)
+    C = jp.cov(grid, cand)
+    red = (C**2).mean(0) / (np.diag(jp.cov(cand)) + model.noise_variance)
+    best = cand[int(np.argmax(red))]
+    np.testing.assert_allclose([picks.lon[0], picks.lat[0]], best, rtol=1e-9)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["exceed", "{run}", "--threshold", "0"], "must be > 0"),
     (["exceed", "{run}", "--threshold", "35", "--out", "x.txt"], "use a file ending in"),
