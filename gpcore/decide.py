@@ -344,7 +344,8 @@ def suggest(model, candidates, targets=None, k: int = 10, *, target_weights=None
     s2 = jp.noise_s if noise is None else float(noise) / jp.scale**2
     if min_km and Xc.shape[1] != 2:
         raise InputError("min_km needs (lon, lat) candidates")
-    Xcs, Xts = jp.model.scale_x(Xc), jp.model.scale_x(Xt)
+    Xcs = jp.model.scale_x(Xc)
+    Xts = Xcs if targets is None else jp.model.scale_x(Xt)  # the same tensor: features computed once
     run = _greedy_dense if engine == "dense" else _greedy_features
     res = run(jp, Xcs, Xts, torch.as_tensor(wt), int(k), s2, Xc, float(min_km), residual_features, seed)
     sc2 = jp.scale**2
@@ -383,17 +384,27 @@ def _residual_features(jp: JointPosterior, D: int, seed: int):
     return xi
 
 
+def _marginal_var(jp: JointPosterior, Xs: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """Latent variance ``||F^T psi||^2 + (k(x, x) - ||psi||^2)_+`` from already computed features."""
+    v = (P @ jp.factor).pow(2).sum(1)
+    if jp.has_residual:
+        v = v + (float(jp.form.residual.outputscale) - P.pow(2).sum(1)).clamp_min(0.0)
+    return v
+
+
 def _greedy_features(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion:
-    Pc, Pt = jp.features_s(Xcs), jp.features_s(Xts)
+    same = Xts is Xcs
+    Pc = jp.features_s(Xcs)
+    Pt = Pc if same else jp.features_s(Xts)
+    # exact marginal variances from the same features (the engine then tracks only their decrease)
+    v_c = _marginal_var(jp, Xcs, Pc)
+    v_t = v_c if same else _marginal_var(jp, Xts, Pt)
     S = jp.factor @ jp.factor.T
     if jp.has_residual:
         xi = _residual_features(jp, D, seed)
         Pc = torch.cat([Pc, xi(Xcs, Pc)], 1)
-        Pt = torch.cat([Pt, xi(Xts, Pt)], 1)
+        Pt = Pc if same else torch.cat([Pt, xi(Xts, Pt)], 1)
         S = torch.block_diag(S, torch.eye(D, dtype=torch.float64))
-    # exact marginal variances (the features engine only tracks their decrease)
-    v_c = jp.marginals_s(Xcs)[1]
-    v_t = v_c if Xts is Xcs else jp.marginals_s(Xts)[1]
     G = Pt.T @ (Pt * wt[:, None])
     U = Pc @ S
     den = (U * Pc).sum(1) + s2
@@ -420,7 +431,7 @@ def _greedy_features(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion
         U = U - u[:, None] * s[None, :] / eta
         S = S - torch.outer(s, s) / eta
         dec_c += u * u / eta
-        dec_t += (Pt @ s) ** 2 / eta
+        dec_t = dec_c if same else dec_t + (Pt @ s) ** 2 / eta
         picks.append(c)
         allowed[c] = False
         if min_km > 0:
