@@ -27,15 +27,6 @@ DIRECTIONS = {"below": "below", "above": "above"}
 TARGETS = {"all": "the whole region", "undecided": "undecided cells (0.2 < P < 0.8)"}
 
 
-def default_threshold(run: cache.RunData) -> float:
-    """35 Mbps for mobile download speeds, 100 Mbps for fixed, else the median of the posterior mean."""
-    y = run.target.lower()
-    if run.units == "Mbps" and "download" in y:
-        label = (run.manifest.get("label", "") + " " + run.config.get("data", "")).lower()
-        return 100.0 if "fixed" in label else 35.0
-    return float(np.round(np.median(run.grid["mean"].to_numpy()), 3))
-
-
 def on_area_pick(widget_key: str, labels: np.ndarray) -> None:
     """Click on the choropleth: the clicked cell's area becomes the one whose posterior is shown."""
     cell = gridmap.picked_cell(st.session_state.get(widget_key))
@@ -74,14 +65,16 @@ def _outlines(run):
 
 def threshold_controls(run) -> tuple[float, str, str]:
     ss = st.session_state
-    if ss.get("ua_decide_threshold_run") != run.run_id:  # a new run: its own default threshold
-        ss.w_decide_threshold = default_threshold(run)
-        ss.ua_decide_threshold_run = run.run_id
+    if ss.get("ua_threshold_run") != run.run_id:  # a new run: its own default threshold
+        ss.ua_threshold = mapview.default_threshold(run)
+        ss.ua_threshold_run = run.run_id
     c = st.columns([2, 2, 3])
     with c[0]:
-        t = st.number_input(f"Threshold ({run.units or 'original units'})", key="w_decide_threshold",
-                            min_value=1e-6 if run.transform.needs_positive else None, format="%g",
-                            help="35 Mbps: the FCC's 5G-NR mobile download benchmark (2024); 100 Mbps for fixed.")
+        t = state.bound(st.number_input, f"Threshold ({run.units or 'original units'})", key="w_decide_threshold",
+                        state_key="ua_threshold", min_value=1e-6 if run.transform.needs_positive else None,
+                        format="%g",
+                        help="35 Mbps: the FCC's 5G-NR mobile download benchmark (2024); 100 Mbps for fixed. "
+                             "The Maps page draws P(below) at this threshold too.")
     with c[1]:
         direction = st.segmented_control("Probability of being", list(DIRECTIONS), default="below",
                                          key="w_decide_direction") or "below"
@@ -93,7 +86,7 @@ def threshold_controls(run) -> tuple[float, str, str]:
 
 
 def exceedance_section(run, key, t, units, direction) -> np.ndarray:
-    st.subheader(f"P({run.target} {direction} {format_number(t)} {run.units})")
+    st.subheader(mapview.exceed_title(run, t, direction))
     p = cache.st_exceedance(*key, t, units, direction)
     scale = ColorScale("rdbu", 0.0, 1.0)
     draw(run, key, p, scale, f"P(f {direction} threshold): 0.5 in the middle", f"exceed_{run.run_id}")

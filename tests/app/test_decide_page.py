@@ -123,3 +123,31 @@ def test_suggest_sites(app, store):
     d = decide.haversine_km(shown.lon.to_numpy()[:, None], shown.lat.to_numpy()[:, None],
                             shown.lon.to_numpy()[None], shown.lat.to_numpy()[None])
     assert (d[~np.eye(len(shown), dtype=bool)] >= 20.0).all()
+
+
+def test_maps_draws_p_below_at_the_decide_threshold(app, store):
+    """The threshold set on Decide is a canonical value: the Maps page's P(below) layer uses it."""
+    from app import raster as R
+    from app.colors import ColorScale
+    from gpcore.models.base import load_model
+
+    open_decide(app)
+    app.number_input(key="w_decide_threshold").set_value(12.0).run()
+    assert app.session_state["ua_threshold"] == 12.0
+    app.switch_page("app_pages/maps.py").run()
+    app.segmented_control(key="w_map_kind").set_value("exceed").run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert app.query_params["map"] == "exceed"
+    grid = pd.read_parquet(store / RUN / "grid.parquet")
+    model = load_model(store / RUN / "model")
+    var_f = np.maximum(grid["sd_t"].to_numpy() ** 2 - model.noise_variance, 0)
+    p = norm.cdf((np.log10(12.0) - grid["mean_t"].to_numpy()) / np.sqrt(var_f))
+    hw, hh = R.spacing_half_sizes(grid["lon"].to_numpy(), grid["lat"].to_numpy())
+    raster = R.build_raster_index(grid["lon"].to_numpy(), grid["lat"].to_numpy(), np.full(len(grid), hw[0]),
+                                  np.full(len(grid), hh[0]))
+    scale = ColorScale("rdbu", 0.0, 1.0)
+    expected = R.data_url(R.palette_png(scale.index(p), raster, scale.name))
+    assert gridmaps(app)[f"pick_{RUN}"]["image"] == expected
+    # back on Decide the threshold is still 12
+    app.switch_page("app_pages/decide.py").run()
+    assert app.number_input(key="w_decide_threshold").value == 12.0
