@@ -58,7 +58,8 @@ def joint_caveat(model) -> str | None:
 
     dPPGP (DBK's default) and PPGP fit ``q(w)`` through the marginal predictive likelihood of single
     points; the correlations ``q`` implies between places are constrained only by the small KL term.
-    On the bundled Puerto Rico DBK-RBF run the latent errors of all cells are correlated at ~0.99,
+    On the Puerto Rico DBK-RBF ready run (as bundled at commit ed5270a) the latent errors of all cells are
+    correlated at ~0.99,
     so areal sds barely shrink with the area's size and one new measurement "explains" most of the
     variance everywhere. Exact-posterior (``dbk-mml``, ``exact``) and ELBO models (``svgp``, ``solvegp``)
     carry a joint posterior fitted to all the data.
