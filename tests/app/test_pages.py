@@ -10,7 +10,8 @@ from streamlit.testing.v1 import AppTest
 
 from tests.app.conftest import APP, TIMEOUT, gridmaps
 
-PAGES = ["app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py"]
+PAGES = ["app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/decide.py",
+         "app_pages/export.py"]
 
 
 def no_exceptions(at: AppTest) -> None:
