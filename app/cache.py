@@ -570,3 +570,90 @@ def model_zip_bytes(path: str) -> bytes:
                 raise RunError(f"run '{Path(path).name}': model/{name} is missing or not a regular file")
             zf.writestr(f"model/{name}", f.read_bytes())
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Decide page (gpcore.decide over a run's stored grid; nothing is retrained)
+# ---------------------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def st_run_cells(path: str, stamp: float):
+    """The run's grid with its cell polygons (``gpcore.runs.load_run_grid``), for areas and exports."""
+    from gpcore.runs import load_run_grid
+
+    return load_run_grid(path)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def st_exceedance(path: str, stamp: float, threshold: float, units: str, direction: str) -> np.ndarray:
+    """P(f below/above the threshold) per grid cell from the run's stored marginals (``O(cells)``)."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    model = st_model(path, stamp)
+    pred = decide.grid_prediction(run.grid, model.noise_variance)
+    return decide.exceedance(model, run.grid[["lon", "lat"]].to_numpy(float), threshold, units=units,
+                             transform=run.transform, direction=direction, pred=pred).p_f
+
+
+@st.cache_data(show_spinner="Assigning cells to areas ...", max_entries=8)
+def st_area_labels(path: str, stamp: float, source: str) -> np.ndarray:
+    """The area of each grid cell: ``counties`` (bundled, the run's state) or ``strata`` (the run's strata)."""
+    from gpcore import decide
+    from gpcore.runs import apply_strata
+
+    run = st_run_data(path, stamp)
+    state_code = run.manifest.get("data", {}).get("state")
+    g = run.grid
+    if source == "strata":
+        return apply_strata(g[["lon", "lat"]].copy(), run.config.get("strata"), state_code)["stratum"].to_numpy(
+            dtype=object)
+    return decide.assign_areas(g["lon"].to_numpy(), g["lat"].to_numpy(), decide.bundled_counties(state_code), "NAME")
+
+
+@st.cache_data(show_spinner="Computing the areas' posteriors ...", max_entries=8)
+def st_areas(path: str, stamp: float, source: str, weights: str, threshold: float, units: str,
+             samples: int = 0) -> pd.DataFrame:
+    """Posterior of each area's weighted mean, ranked by P(area mean below the threshold)."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    model = st_model(path, stamp)
+    labels = st_area_labels(path, stamp, source)
+    w = None
+    if weights == "area":
+        cells = st_run_cells(path, stamp)
+        area = pd.Series(decide.cell_areas_km2(cells), index=cells["cell_id"].to_numpy())
+        w = area.reindex(run.grid["cell_id"].to_numpy()).fillna(0.0).to_numpy()
+    tab = decide.area_posteriors(model, run.grid[["lon", "lat"]].to_numpy(float), labels, weights=w,
+                                 threshold=threshold, units=units, transform=run.transform, samples=samples)
+    return tab.sort_values("p_below", ascending=False).reset_index(drop=True)
+
+
+@st.cache_data(show_spinner="Drawing joint samples ...", max_entries=8)
+def st_samples(path: str, stamp: float, seed: int, n: int = 4) -> np.ndarray:
+    """``n`` joint posterior samples over the grid (model space), seeded."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    return decide.plausible_maps(st_model(path, stamp), run.grid[["lon", "lat"]].to_numpy(float), n, seed=seed)
+
+
+@st.cache_resource(show_spinner="Choosing where to measure next ...", max_entries=8)
+def st_suggest(path: str, stamp: float, k: int, target: str, threshold: float, units: str, min_km: float):
+    """Greedy suggestions over the grid cells (``gpcore.decide.suggest``) and the target mask used."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    model = st_model(path, stamp)
+    X = run.grid[["lon", "lat"]].to_numpy(float)
+    if target == "undecided":
+        mask = decide.undecided_mask(st_exceedance(path, stamp, threshold, units, "below"))
+    elif target.startswith("stratum:"):
+        mask = st_area_labels(path, stamp, "strata") == target.split(":", 1)[1]
+    else:
+        mask = np.ones(len(X), dtype=bool)
+    if not mask.any():
+        return None, mask
+    return decide.suggest(model, X, X[mask], k=k, min_km=min_km), mask

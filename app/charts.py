@@ -50,8 +50,9 @@ def width_violins(test: pd.DataFrame, units: str = "", colors: dict[str, str] | 
     """Violins of the 95 % PI widths per model, split by stratum (urban / rural = metro / non-metro).
 
     Two strata share each model's violin as left / right halves; three to six strata get one violin each
-    side by side, all drawn to the same width (``scalemode="width"``) so a small stratum is still a
-    violin and not a line. Widths are shown between their 0.5 % and 99.5 % quantiles.
+    side by side. Every (model, stratum) violin is its own trace drawn to the same width, so neither a
+    small stratum nor a model with near-constant widths squashes the others to a line; each spans its
+    data's range.
     """
     df = test.assign(width=test_widths(test), stratum=test.get("stratum", "all"))
     df["stratum"] = df["stratum"].astype(str)
@@ -62,17 +63,23 @@ def width_violins(test: pd.DataFrame, units: str = "", colors: dict[str, str] | 
     colors = colors or stratum_colors(strata)
     fig = go.Figure()
     two = len(strata) == 2
+    models = list(dict.fromkeys(df["model"]))
     for i, s in enumerate(strata):
-        part = df[df["stratum"] == s]
-        fig.add_trace(
-            go.Violin(
-                x=part["model"], y=part["width"], name=html_text(DISPLAY.get(s, s)), legendgroup=s,
-                side=("negative" if i == 0 else "positive") if two else "both",
-                line_color=colors.get(s, PALETTE[i % len(PALETTE)]), meanline_visible=True, points=False,
-                spanmode="soft", scalemode="width", width=0.9 if two else 0,
+        for j, model in enumerate(models):
+            # one trace per (model, stratum): plotly scales the violins of one trace together, so a model
+            # with near-constant widths (SVGP) would squash every other model's violin to a line
+            part = df[(df["stratum"] == s) & (df["model"] == model)]
+            if part.empty:
+                continue
+            fig.add_trace(
+                go.Violin(
+                    x=part["model"], y=part["width"], name=html_text(DISPLAY.get(s, s)), legendgroup=s,
+                    showlegend=j == 0, offsetgroup=s, side=("negative" if i == 0 else "positive") if two else "both",
+                    line_color=colors.get(s, PALETTE[i % len(PALETTE)]), meanline_visible=True, points=False,
+                    spanmode="hard", scalemode="width", width=0.9 if two else 0,
+                )
             )
-        )
-    lo, hi = np.nanquantile(df["width"], [0.005, 0.995]) if len(df) else (0.0, 1.0)
+    lo, hi = (float(np.nanmin(df["width"])), float(np.nanmax(df["width"]))) if len(df) else (0.0, 1.0)
     pad = 0.08 * (hi - lo or 1.0)
     fig.update_layout(violinmode="overlay" if two else "group", violingap=0.25, violingroupgap=0.05,
                       yaxis=dict(title=f"95% PI width ({units})" if units else "95% PI width",
@@ -91,11 +98,13 @@ def coverage_bars(metrics: pd.DataFrame, target: float = 0.95, colors: dict[str,
         fig.add_trace(go.Bar(x=part["model"], y=part["coverage"], name=html_text(DISPLAY.get(str(g), str(g))),
                              marker_color=colors.get(str(g)), cliponaxis=False,
                              text=[f"{100 * v:.1f}%" for v in part["coverage"]], textposition="outside"))
-    fig.add_hline(y=target, line_dash="dash", line_color="black", annotation_text="95% target",
-                  annotation_position="top left")
+    fig.add_hline(y=target, line_dash="dash", line_color="black")
+    fig.add_annotation(x=1.0, xref="paper", xanchor="left", y=target, yref="y", text=f"{100 * target:.0f}% target",
+                       showarrow=False, font=dict(size=11))
     lo = float(np.nanmin(metrics["coverage"])) if len(metrics) else 0.8
     yaxis = dict(title="coverage of the 95% interval", tickformat=".0%", range=[min(lo - 0.03, 0.8), 1.04])
-    fig.update_layout(barmode="group", yaxis=yaxis, uniformtext=dict(minsize=8, mode="hide"), **LAYOUT)
+    layout = {**LAYOUT, "margin": dict(l=10, r=78, t=30, b=10)}  # room for the target's label right of the plot
+    fig.update_layout(barmode="group", yaxis=yaxis, uniformtext=dict(minsize=8, mode="hide"), **layout)
     return fig
 
 

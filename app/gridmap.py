@@ -63,12 +63,16 @@ def lookup(raster: R.RasterIndex, cell_ids, values: dict[str, np.ndarray], units
 
 def grid_map(*, image: str, bounds, view: dict, height: int, outlines: list[dict], key: str, view_key: str,
              marker=None, lookup: dict | None = None, basemap: bool = False, clickable: bool = False,
-             on_change=None, hint: str = ""):
-    """Draw the map; returns the last click ``{"cell", "lon", "lat", "t"}`` (None before any)."""
+             on_change=None, hint: str = "", labels: list[dict] | None = None):
+    """Draw the map; returns the last click ``{"cell", "lon", "lat", "t"}`` (None before any).
+
+    ``labels``: optional numbered points ``[{"p": [lon, lat], "text": "1"}, ...]`` drawn on top.
+    """
+    extra = {"labels": labels} if labels else {}
     return _component(
         image=image, bounds=[float(v) for v in bounds], view=view, height=int(height), outlines=outlines,
         marker=None if marker is None else [float(marker[0]), float(marker[1])], lookup=lookup, basemap=basemap,
-        clickable=clickable, view_key=view_key, hint=hint, key=key, default=None, on_change=on_change,
+        clickable=clickable, view_key=view_key, hint=hint, key=key, default=None, on_change=on_change, **extra,
     )
 
 

@@ -42,6 +42,7 @@ page = st.navigation(
         st.Page(PAGES / "train.py", title="Train", icon=":material/model_training:", url_path="train"),
         st.Page(PAGES / "maps.py", title="Maps", icon=":material/map:", url_path="maps"),
         st.Page(PAGES / "compare.py", title="Compare", icon=":material/leaderboard:", url_path="compare"),
+        st.Page(PAGES / "decide.py", title="Decide", icon=":material/rule:", url_path="decide"),
         st.Page(PAGES / "export.py", title="Export", icon=":material/download:", url_path="export"),
     ]
 )

@@ -56,7 +56,8 @@ def outline_specs(region_json: str | None, strata: list[tuple[str, str, tuple]] 
 
 
 def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, widget_key: str, clickable: bool,
-              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560, on_change=None):
+              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560, on_change=None,
+              labels: list[dict] | None = None, hint: str | None = None):
     """A grid map (colour bitmap, outlines, x_ref marker) as the grid-map component; returns its last click.
 
     ``clickable`` maps carry the cell lookup: hover tooltips (cell id, mean, interval, width) and a click
@@ -71,7 +72,7 @@ def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, wid
         image=image_url, bounds=raster.bounds, view=view, height=height, outlines=outlines, key=widget_key,
         view_key=f"{run.run_id}:{width_px}", marker=xref, lookup=cache.st_grid_lookup(*key) if clickable else None,
         basemap=basemap, clickable=clickable, on_change=on_change,
-        hint="Click a cell to set x_ref" if clickable else "",
+        hint=hint if hint is not None else ("Click a cell to set x_ref" if clickable else ""), labels=labels,
     )
 
 
@@ -119,3 +120,23 @@ def slice_scale(values: np.ndarray, mode: str) -> ColorScale:
     hi = 1.0 if mode != "kernel" else m
     lo = max(float(np.quantile(v, 0.005)), 0.0) if v.size else 0.0
     return ColorScale("magma", lo if lo < hi else 0.0, hi)
+
+
+def default_threshold(run: cache.RunData) -> float:
+    """35 Mbps for mobile download speeds (the FCC's 5G-NR mobile benchmark since 2024), 100 Mbps for fixed,
+    else the median of the posterior mean (original units)."""
+    y = run.target.lower()
+    if run.units == "Mbps" and "download" in y:
+        label = (run.manifest.get("label", "") + " " + run.config.get("data", "")).lower()
+        return 100.0 if "fixed" in label else 35.0
+    return float(np.round(np.median(run.grid["mean"].to_numpy()), 3))
+
+
+def threshold_of(run: cache.RunData, ss) -> float:
+    """The session's threshold (``ua_threshold``, set on the Decide page) or the run's default."""
+    t = ss.get("ua_threshold")
+    return float(t) if t is not None else default_threshold(run)
+
+
+def exceed_title(run: cache.RunData, t: float, direction: str = "below") -> str:
+    return f"P({run.target} {direction} {format_number(t)} {run.units})".replace(" )", ")")

@@ -7,7 +7,8 @@ drops when a page stops drawing the widget):
   ``transform``, ``strata``, ``lon``, ``lat``, ``weight``, ``time``);
 * ``ua_run`` / ``ua_run2`` — the run shown on Maps / Export and the optional second run (``run``, ``run2``);
 * ``ua_xref`` — the kernel-slice reference point ``(lon, lat)`` (``xref=lon,lat``);
-* ``ua_map`` — which map is shown (``map=mean|width|data``).
+* ``ua_map`` — which map is shown (``map=mean|width|data|exceed``);
+* ``ua_threshold`` — the Decide page's threshold in original units (also drawn as P(below) on Maps).
 
 :func:`init_session` reads the URL once per session; :func:`sync_query` writes the state back
 after every run, so a copied URL reopens the same view.
@@ -27,7 +28,7 @@ import streamlit as st
 from gpcore.errors import GPCoreError
 
 DEFAULT_SAMPLE = "puerto_rico"
-MAP_KINDS = ("mean", "width", "data")
+MAP_KINDS = ("mean", "width", "data", "exceed")
 UPLOAD_PREFIX = "upload:"
 SAMPLE_PREFIX = "sample:"
 

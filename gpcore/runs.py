@@ -554,3 +554,38 @@ def _clean(obj):
     from gpcore.models.base import _jsonable
 
     return _jsonable(obj)
+
+
+def load_run_grid(run_dir):
+    """A run's prediction grid as a GeoDataFrame (``grid.parquet`` joined to ``grid_cells.parquet`` polygons),
+    with its ``GridSpec`` in ``attrs["grid"]`` when the run recorded one (needed for GeoTIFF output).
+
+    Used by the decision commands (``python -m gpcore exceed|areas|sample|suggest``) so nothing is retrained.
+    """
+    import geopandas as gpd
+
+    from gpcore import data as D
+    from gpcore.errors import GPCoreError
+
+    p = Path(run_dir)
+    if not (p / "run.json").is_file():
+        raise GPCoreError(f"'{p}' is not a run directory (no run.json); pass the --out of `gpcore fit`")
+    if not (p / "grid.parquet").is_file():
+        raise GPCoreError(f"run '{p}' has no prediction grid (it was trained with --grid none); refit with a grid")
+    manifest = json.loads((p / "run.json").read_text())
+    try:
+        preds = pd.read_parquet(p / "grid.parquet")
+        cells = gpd.read_parquet(p / "grid_cells.parquet") if (p / "grid_cells.parquet").is_file() else None
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for damaged files
+        raise RunError(f"run '{p}': its grid files cannot be read ({type(e).__name__}); re-run the fit") from None
+    if cells is not None:
+        grid = cells.merge(preds, on="cell_id", how="inner")
+    else:
+        grid = gpd.GeoDataFrame(preds, geometry=gpd.points_from_xy(preds["lon"], preds["lat"]), crs=4326)
+    spec = manifest.get("grid")
+    if isinstance(spec, dict) and "transform" in spec:
+        spec = D.GridSpec(**{**spec, "transform": tuple(spec["transform"])})
+        if "row" not in grid.columns and spec.kind == "square":
+            grid["row"], grid["col"] = np.divmod(grid["cell_id"].to_numpy(dtype=np.int64), spec.width)
+        grid.attrs["grid"] = spec
+    return grid

@@ -18,7 +18,8 @@ from app.modelinfo import noise_text, uncertainty_note
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
-MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements"}
+MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements",
+              "exceed": "P(below threshold)"}
 SLICE_MODES = {
     "kernel": "kernel k(x, x_ref)",
     "correlation": "correlation k / sqrt(k(x,x) k(x_ref,x_ref))",
@@ -141,8 +142,16 @@ def main_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width
 
 
 def grid_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width_px: int = 560) -> None:
-    col, scale, title = mapview.grid_scale(run, kind, opts["scale"], opts["width_units"], limits)
-    image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
+    if kind == "exceed":  # P(below the Decide page's threshold), from the run's stored marginals
+        from app.colors import ColorScale
+
+        t = mapview.threshold_of(run, st.session_state)
+        scale = ColorScale("rdbu", 0.0, 1.0)
+        image = cache.slice_image(*key, cache.st_exceedance(*key, t, "original", "below"), scale)
+        title = f"{mapview.exceed_title(run, t)} (threshold set on the Decide page)"
+    else:
+        col, scale, title = mapview.grid_scale(run, kind, opts["scale"], opts["width_units"], limits)
+        image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
     # The main map shows no x_ref marker: its arguments then stay the same across clicks (the slice map
     # carries the marker).
     widget_key = f"pick_{run.run_id}"
@@ -222,7 +231,7 @@ def run_header(run: cache.RunData) -> None:
 
 
 def shared_limits(runs: list[cache.RunData], kind: str, width_units: str):
-    if len(runs) < 2 or kind == "data":
+    if len(runs) < 2 or kind in ("data", "exceed"):
         return None
     from app.colors import robust_limits
 

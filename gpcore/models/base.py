@@ -581,6 +581,10 @@ class GPModel:
         """Noise variance in standardised units: the module's ``noise`` (see models/hyper.py)."""
         return self.module_.noise
 
+    def _feature_form(self):
+        """The posterior in feature form (:class:`gpcore.posterior.FeatureForm`); see gpcore/posterior.py."""
+        raise InputError(f"{type(self).__name__} has no feature form, so joint posterior operations are unavailable")
+
     # ---------------------------------------------------------------- persistence
     def _extra_state(self) -> dict:
         """JSON-serialisable state a subclass needs to rebuild its module (shapes etc.)."""

@@ -167,8 +167,9 @@ def test_widths_violins_split_by_stratum():
     test = pd.DataFrame({"model": ["a"] * 4 + ["b"] * 4, "var_y": [0.1, 0.2, 0.1, 0.3] * 2,
                          "stratum": ["metro", "non-metro"] * 4, "mean": 0.0, "y": 0.1})
     fig = width_violins(test, "log10(Mbps)")
-    assert [t.type for t in fig.data] == ["violin", "violin"]
+    assert [t.type for t in fig.data] == ["violin"] * 4, "one violin per (stratum, model)"
     assert {t.name for t in fig.data} == {"metro (urban)", "non-metro (rural)"}
+    assert [t.name for t in fig.data if t.showlegend] == ["metro (urban)", "non-metro (rural)"]
     assert float(fig.data[0].y[0]) == pytest.approx(2 * 1.959964 * np.sqrt(0.1), rel=1e-5)
     metrics = pd.DataFrame({"model": ["a", "a"], "group": ["metro", "non-metro"], "coverage": [0.9, 0.97]})
     assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95
@@ -191,7 +192,9 @@ def test_every_chart_gives_a_stratum_the_same_colour_and_many_strata_stay_violin
     violins = width_violins(test, "log10(y)", colors)
     bars = coverage_bars(metrics, colors=colors)
     # trace names are HTML to plotly: '<1H OCEAN' is sent escaped (app.safe_html) and shown as written
-    assert [t.name for t in violins.data] == [html_text(s) for s in sorted(strata)]
+    assert [t.name for t in violins.data if t.showlegend] == [html_text(s) for s in sorted(strata)]
+    assert len(violins.data) == 2 * len(strata), "each (model, stratum) violin is scaled on its own"
+    assert all(len(set(t.x)) == 1 for t in violins.data)
     by_name = {t.name: t.line.color for t in violins.data}
     for t in bars.data:
         if t.name != "all":
@@ -200,6 +203,7 @@ def test_every_chart_gives_a_stratum_the_same_colour_and_many_strata_stay_violin
     assert violins.layout.violinmode == "group"
     # two strata: halves of one violin, urban left, the colours of urban and rural
     two = width_violins(test.assign(stratum=np.tile(["non-metro", "metro"], 50)), "")
-    assert [(t.name, t.side) for t in two.data] == [(DISPLAY["metro"], "negative"), (DISPLAY["non-metro"], "positive")]
+    halves = {(t.name, t.side) for t in two.data}
+    assert halves == {(DISPLAY["metro"], "negative"), (DISPLAY["non-metro"], "positive")}
     lo, hi = bars.layout.yaxis.range
     assert lo <= 0.8 and hi > 1.0, "the 95 % line in context and the bar labels inside the axis"

@@ -177,6 +177,18 @@
         })
       );
     });
+    if (a.labels && a.labels.length) {  // numbered points (the Decide page's suggested sites)
+      layers.push(new deck.ScatterplotLayer({
+        id: "labels-dot", data: a.labels, getPosition: function (d) { return d.p; }, radiusUnits: "pixels",
+        getRadius: 9, stroked: true, filled: true, getFillColor: [255, 255, 255, 235], getLineColor: [0, 0, 0, 255],
+        lineWidthUnits: "pixels", getLineWidth: 1.5, pickable: false,
+      }));
+      layers.push(new deck.TextLayer({
+        id: "labels-text", data: a.labels, getPosition: function (d) { return d.p; }, getText: function (d) { return d.text; },
+        getSize: 12, getColor: [0, 0, 0, 255], fontWeight: 700, getTextAnchor: "middle",
+        getAlignmentBaseline: "center", pickable: false,
+      }));
+    }
     if (a.marker) {
       var ring = {
         data: [{ p: a.marker }], getPosition: function (d) { return d.p; }, radiusUnits: "pixels",
