@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from tests.app.conftest import APP, TIMEOUT, tiny_config
 
 PAGES = ["app_pages/data.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py",
-         "app_pages/train.py"]
+         "app_pages/train.py", "app_pages/decide.py"]
 
 
 def _rss_mb() -> float:

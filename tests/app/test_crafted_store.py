@@ -15,8 +15,8 @@ from streamlit.testing.v1 import AppTest
 
 from tests.app.conftest import APP, TIMEOUT
 
-PAGES = ["app_pages/data.py", "app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py",
-         "app_pages/export.py"]
+PAGES = ["app_pages/data.py", "app_pages/train.py", "app_pages/maps.py", "app_pages/decide.py",
+         "app_pages/compare.py", "app_pages/export.py"]
 
 
 def _edit(path, fn):

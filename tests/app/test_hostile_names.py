@@ -86,7 +86,8 @@ def test_hostile_column_file_and_stratum_names_are_escaped_everywhere(app, store
     decks = app.get("deck_gl_json_chart")
     assert decks and any("&lt;img" in d.proto.tooltip for d in decks), "the column name is shown, escaped"
     assert any("&lt;img" in h.proto.body for h in app.get("html")), "the legend shows it, escaped"
-    for page in ("app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py"):
+    for page in ("app_pages/train.py", "app_pages/maps.py", "app_pages/decide.py", "app_pages/compare.py",
+                 "app_pages/export.py"):
         app.switch_page(page).run()
         _assert_clean(app, page)
 
@@ -106,7 +107,7 @@ def test_hostile_run_labels_and_strata_are_escaped(app, store):
     at.query_params["run"] = bad.name
     at.run()
     _assert_clean(at, "sidebar")
-    for page in ("app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py"):
+    for page in ("app_pages/maps.py", "app_pages/decide.py", "app_pages/compare.py", "app_pages/export.py"):
         at.switch_page(page).run()
         _assert_clean(at, page)
     at.switch_page("app_pages/maps.py").run()
