@@ -93,6 +93,31 @@ def legend_titles(page) -> list[str]:
     return page.locator(".ua-legend > div:first-child").all_inner_texts()
 
 
+def eventually(check, timeout: float = 30.0, what: str = ""):
+    """Poll ``check()`` until it returns a truthy value (the page after a rerun); fail after ``timeout`` s."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            last = check()
+        except AssertionError:
+            last = None
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what or check}")
+
+
+def expect_legend(page, prefix: str, timeout: float = 30.0) -> None:
+    """Wait until a map legend's title starts with ``prefix`` (the map drawn after a control changed)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(t.startswith(prefix) for t in legend_titles(page)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no legend titled {prefix!r}; legends: {legend_titles(page)}")
+
+
 def legend_gradients(page) -> list[str]:
     return [e.evaluate("e => e.style.background") for e in page.locator(".ua-legend > div:nth-child(2)").all()]
 

@@ -17,8 +17,9 @@ from tests.e2e.helpers import (
     choose,
     chosen,
     click_grid,
+    eventually,
+    expect_legend,
     legend_gradients,
-    legend_titles,
     nav,
     no_exception,
     options,
@@ -69,37 +70,37 @@ def test_maps_controls_change_what_is_shown(server, page):
     page.get_by_role("heading", name="Maps", exact=True).wait_for(timeout=120_000)
     settle(page)
     wait_grid_drawn(page)
-    assert any(t.startswith("Posterior mean of download_mbps") for t in legend_titles(page))
+    expect_legend(page, "Posterior mean of download_mbps")
 
     # the Map control: each option shows its map and stays selected
     segment(page, "Map", "95% PI width")
     assert segment_selected(page, "Map") == "95% PI width"
-    assert any(t.startswith("95% prediction-interval width (log10(Mbps))") for t in legend_titles(page))
+    expect_legend(page, "95% prediction-interval width (log10(Mbps))")
     radio(page, "PI width units", "original")
-    assert any(t == "95% prediction-interval width (Mbps)" for t in legend_titles(page)), legend_titles(page)
+    expect_legend(page, "95% prediction-interval width (Mbps)")
     time.sleep(1.5)
     assert segment_selected(page, "Map") == "95% PI width", "the control does not spring back"
     assert "map=width" in page.url
     screenshot(page, "maps-width.png")
     segment(page, "Map", "Measurements")
     assert segment_selected(page, "Map") == "Measurements"
-    assert any(t.startswith("Measured download_mbps") for t in legend_titles(page))
+    expect_legend(page, "Measured download_mbps")
     segment(page, "Map", "Posterior mean")
     assert segment_selected(page, "Map") == "Posterior mean"
 
     # the colour scale recolours the legend (and the map drawn from the same palette)
     before = legend_gradients(page)[0]
     choose(page, "Colour scale", "magma")
-    assert legend_gradients(page)[0] != before
+    eventually(lambda: legend_gradients(page)[0] != before, what="the legend recoloured")
 
     # the run selectors: Maps -> Run, the sidebar's Active run; each sticks and the other follows
     first = run_headers(page)[0]
     choose(page, "Run", re.compile(r"^svgp "))
-    assert run_headers(page)[0].startswith("svgp"), run_headers(page)
+    eventually(lambda: run_headers(page)[0].startswith("svgp"), what="the svgp run's map")
     assert run_headers(page)[0] != first
     assert chosen(page, "Active run", page.get_by_test_id("stSidebar")).startswith("svgp")
     choose(page, "Active run", re.compile(r"^ppgp"), page.get_by_test_id("stSidebar"))
-    assert run_headers(page)[0].startswith("ppgp"), run_headers(page)
+    eventually(lambda: run_headers(page)[0].startswith("ppgp"), what="the ppgp run's map")
     time.sleep(1.0)
     assert chosen(page, "Run").startswith("ppgp"), "Maps -> Run follows the sidebar and stays"
 
@@ -107,27 +108,27 @@ def test_maps_controls_change_what_is_shown(server, page):
     page.get_by_text("Second run side by side", exact=True).click()
     settle(page)
     choose(page, "Second run", re.compile(r"^dbk-rbf"))
-    heads = run_headers(page)
-    assert len(heads) == 2 and heads[0].startswith("ppgp") and heads[1].startswith("dbk-rbf"), heads
+    heads = eventually(lambda: len(run_headers(page)) == 2 and run_headers(page), what="two run maps")
+    assert heads[0].startswith("ppgp") and heads[1].startswith("dbk-rbf"), heads
     page.get_by_text("Second run side by side", exact=True).click()
     settle(page)
-    assert len(run_headers(page)) == 1
+    eventually(lambda: len(run_headers(page)) == 1, what="one run map")
 
     # a click sets x_ref; the kernel-slice mode changes the slice map's legend
     line = click_grid(page, 0.45, 0.5)
     assert "xref=" in page.url and line
-    assert any(t.startswith("Kernel slice k(·, x_ref)") for t in legend_titles(page))
+    expect_legend(page, "Kernel slice k(·, x_ref)")
     choose(page, "Kernel slice", re.compile(r"^correlation"))
-    assert any(t.startswith("Kernel slice: correlation") for t in legend_titles(page)), legend_titles(page)
+    expect_legend(page, "Kernel slice: correlation")
     assert xref_text(page) == line, "x_ref survives the mode change"
     screenshot(page, "maps-xref.png")
 
     # Export -> Run: the reproduce command is the chosen run's
     nav(page, "Export")
     choose(page, "Run", re.compile(r"^dbk-rbf"))
-    assert page.get_by_text("--model dbk-rbf").count() >= 1
+    eventually(lambda: page.get_by_text("--model dbk-rbf").count() >= 1, what="dbk-rbf's command")
     choose(page, "Run", re.compile(r"^svgp"))
-    assert page.get_by_text("--model svgp").count() >= 1
+    eventually(lambda: page.get_by_text("--model svgp").count() >= 1, what="svgp's command")
     assert chosen(page, "Run").startswith("svgp")
     no_exception(page)
 
