@@ -220,17 +220,41 @@ def st_strata_outlines(strata: str | None, state: str | None) -> list[tuple[str,
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def st_points_json(_data: LoadedData, key: str, scale_name: str, lo: float, hi: float) -> str:
-    """Measurements as coloured points with tooltips (cached per data set and colour scale)."""
+    """Measurements as coloured points with tooltips (cached per data set and colour scale).
+
+    At most :data:`MAP_POINTS` of them (:func:`map_sample`): the browser parses and draws every point of
+    the JSON on each page visit, and 26,000 points made switching to the Data page take 2-5 s.
+    """
     from gpcore import data as D
 
     scale = ColorScale(scale_name, lo, hi)
     tr = D.get_transform(_data.spec.transform)
-    y = _data.frame[_data.spec.y].to_numpy(dtype=float)
+    f = _data.frame.iloc[map_sample(len(_data.frame))]
+    y = f[_data.spec.y].to_numpy(dtype=float)
     fields = {"v": [format_number(v) for v in y]}
-    if "stratum" in _data.frame.columns:
-        fields["s"] = _data.frame["stratum"].astype(str).to_numpy()
+    if "stratum" in f.columns:
+        fields["s"] = f["stratum"].astype(str).to_numpy()
     rgb = scale.rgb(tr.forward(y))
-    return L.points_json(_data.frame["lon"].to_numpy(), _data.frame["lat"].to_numpy(), rgb, fields)
+    return L.points_json(f["lon"].to_numpy(), f["lat"].to_numpy(), rgb, fields)
+
+
+#: Most measurements a map draws (a fixed random sample above it; every row still trains and is summarised).
+MAP_POINTS = 12_000
+
+
+def map_sample(n: int, limit: int = MAP_POINTS) -> np.ndarray:
+    """Row positions a measurement map draws: all ``n`` up to ``limit``, else a seeded sample in row order."""
+    if n <= limit:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(0).choice(n, size=limit, replace=False))
+
+
+def map_sample_note(n: int) -> str:
+    """The caption under a measurement map that draws a sample ("" when it draws every point)."""
+    if n <= MAP_POINTS:
+        return ""
+    return (f"The map draws {MAP_POINTS:,} of the {n:,} measurements (a fixed random sample, so the page stays "
+            "fast); every measurement is used for training and in the summary.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -257,6 +257,9 @@ def measurement_map(data: cache.LoadedData) -> None:
     deck = mapview.points_deck(data, scale, mapview.outline_layers(region_json, None), bounds=bounds, width_px=620)
     st.pydeck_chart(deck, height=deck.map_height, key="data_map")
     st.html(legend_html(scale, title))
+    note = cache.map_sample_note(data.n)
+    if note:
+        st.caption(note)
     if data.spec.sample_key:
         from gpcore.data import SAMPLES
 

@@ -177,6 +177,8 @@ def data_map(run: cache.RunData, opts: dict, width_px: int = 560) -> None:
                                bounds=run.bounds, width_px=width_px)
     st.pydeck_chart(deck, height=deck.map_height, key=f"data_{run.run_id}")
     st.html(legend_html(scale, title))
+    if cache.map_sample_note(data.n):
+        st.caption(cache.map_sample_note(data.n))
     st.caption("Click a cell on the mean or width map to choose the kernel-slice reference point.")
 
 

@@ -207,3 +207,14 @@ def test_every_chart_gives_a_stratum_the_same_colour_and_many_strata_stay_violin
     assert halves == {(DISPLAY["metro"], "negative"), (DISPLAY["non-metro"], "positive")}
     lo, hi = bars.layout.yaxis.range
     assert lo <= 0.8 and hi > 1.0, "the 95 % line in context and the bar labels inside the axis"
+
+
+def test_measurement_maps_draw_a_fixed_sample_of_large_data_sets():
+    from app.cache import MAP_POINTS, map_sample, map_sample_note
+
+    np.testing.assert_array_equal(map_sample(10), np.arange(10))
+    assert map_sample_note(MAP_POINTS) == ""
+    idx = map_sample(3 * MAP_POINTS)
+    assert len(idx) == MAP_POINTS == len(np.unique(idx)) and np.all(np.diff(idx) > 0)
+    np.testing.assert_array_equal(idx, map_sample(3 * MAP_POINTS)), "the same sample on every visit"
+    assert f"{MAP_POINTS:,} of the {3 * MAP_POINTS:,}" in map_sample_note(3 * MAP_POINTS)

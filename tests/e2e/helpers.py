@@ -14,15 +14,24 @@ from tests.e2e.conftest import ARTIFACTS
 GRIDMAP = "iframe[title='app.gridmap.ua_gridmap']"
 
 
+IDLE_JS = (
+    "() => { const app = document.querySelector('[data-testid=stApp]');"
+    " return !!app && app.getAttribute('data-test-script-state') === 'notRunning' &&"
+    " !document.querySelector('[data-testid=stStatusWidget]') &&"
+    " !document.querySelector('[data-stale=true]') && !document.querySelector('[data-testid=stSkeleton]'); }"
+)
+
+
 def settle(page, timeout: float = 120.0) -> None:
-    """Wait until the script run finished (no 'Running...' status widget, no skeleton) and the page is drawn."""
-    time.sleep(0.6)
+    """Wait until the script run is over (``stApp``'s ``data-test-script-state`` is "notRunning"; the status
+    widget shows "Running..." only after a delay) and nothing on the page is stale or a skeleton."""
+    time.sleep(0.4)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if page.get_by_test_id("stStatusWidget").count() == 0 and page.get_by_test_id("stSkeleton").count() == 0:
+        if page.evaluate(IDLE_JS):
             break
-        time.sleep(0.2)
-    time.sleep(0.4)
+        time.sleep(0.15)
+    time.sleep(0.3)
 
 
 def nav(page, name: str) -> None:
