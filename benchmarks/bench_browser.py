@@ -11,7 +11,8 @@ and its bundled run(s) it measures, median of ``--repeats``:
 (b) **page switch** Data / Train / Maps / Compare / Export (target <= 2 s each): from the click on the
     sidebar's nav link until the page's heading and its main element (Data: the measurement map's
     canvas; Train: the Train button; Maps: the main map drawn; Compare: a Plotly chart; Export: a
-    download button) are there, no element is stale and Streamlit's status widget is gone;
+    download button) are there and the page is idle: no stale element, no skeleton, no status widget
+    (the time is when both first held, not when the poll saw them);
 (c) **click -> kernel slice** on the Maps page (target <= 1.5 s): from ``page.mouse.click`` on a cell
     of the main map until the "Kernel slice at x_ref" text shows the new x_ref and the slice map's
     iframe has redrawn (it should name the cell hovered there; on a cell's edge it may name a
@@ -250,6 +251,37 @@ def safe(fn):
 # ---------------------------------------------------------------------------------------------
 
 
+def wait_page_done(page, name: str, t0: float, timeout: float = 60.0) -> tuple[float, float]:
+    """Seconds from ``t0`` to the page's main element (Maps: the main map's last change before it stayed
+    unchanged for ``SETTLE_S``) and to done: main element there and the page idle since (the start of the
+    idle stretch, or the main element's time if the page was idle before it). Call once the heading shows."""
+    deadline = time.perf_counter() + timeout
+    last_h = t_change = t_main = t_idle = None
+    while True:
+        now = time.perf_counter()
+        if now > deadline:
+            raise BenchError(f"the {name} page was not done within {timeout:.0f} s (main element at {t_main})")
+        if MAIN_ELEMENT[name] is None:
+            frames = map_frames(page)
+            fp = fingerprint(frames[0]) if frames else None
+            if is_drawn(fp) and fp["h"] != last_h:
+                last_h, t_change = fp["h"], now
+            main_ok = is_drawn(fp) and now - t_change >= SETTLE_S
+            if main_ok:
+                t_main = t_change
+        else:
+            main_ok = safe(MAIN_ELEMENT[name])(page)
+            if main_ok and t_main is None:
+                t_main = now
+        if safe(page_idle)(page):
+            t_idle = now if t_idle is None else t_idle
+        else:
+            t_idle = None
+        if main_ok and t_idle is not None:
+            return t_main - t0, max(t_main, t_idle) - t0
+        time.sleep(POLL_S)
+
+
 def first_content(browser, base: str, run_id: str, repeats: int) -> dict:
     heading, mapdrawn = [], []
     for _ in range(repeats):
@@ -280,14 +312,9 @@ def page_switch(browser, base: str, run_id: str, repeats: int) -> dict:
                 link.click()
                 wait_until(safe(lambda n=name: heading_shown(page, n)), 60, f"the {name} heading")
                 times[f"{name}:heading"].append(time.perf_counter() - t0)
-                if MAIN_ELEMENT[name] is None:
-                    t_main = wait_map_drawn(page, t0)
-                else:
-                    wait_until(safe(lambda n=name: MAIN_ELEMENT[n](page)), 60, f"the {name} page's main element")
-                    t_main = time.perf_counter() - t0
+                t_main, t_done = wait_page_done(page, name, t0)
                 times[f"{name}:main"].append(t_main)
-                wait_until(safe(lambda: page_idle(page)), 60, f"the {name} page to finish")
-                times[name].append(max(time.perf_counter() - t0, t_main))
+                times[name].append(t_done)
     finally:
         ctx.close()
     return times
