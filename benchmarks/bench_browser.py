@@ -11,8 +11,9 @@ and its bundled run(s) it measures, median of ``--repeats``:
 (b) **page switch** Data / Train / Maps / Compare / Export (target <= 2 s each): from the click on the
     sidebar's nav link until the page's heading and its main element (Data: the measurement map's
     canvas; Train: the Train button; Maps: the main map drawn; Compare: a Plotly chart; Export: a
-    download button) are there and the page is idle: no stale element, no skeleton, no status widget
-    (the time is when both first held, not when the poll saw them);
+    download button) are there and the page is idle: the script run is over (``stApp``'s
+    ``data-test-script-state``), no stale element, skeleton or status widget (the time is when both
+    first held, not when the poll saw them);
 (c) **click -> kernel slice** on the Maps page (target <= 1.5 s): from ``page.mouse.click`` on a cell
     of the main map until the "Kernel slice at x_ref" text shows the new x_ref and the slice map's
     iframe has redrawn (it should name the cell hovered there; on a cell's edge it may name a
@@ -184,10 +185,13 @@ def is_drawn(fp: dict | None) -> bool:
 
 
 def page_idle(page) -> bool:
-    """The script run is over: no status widget ("Running..."), no stale element, no skeleton."""
+    """The script run is over (the app's ``data-test-script-state`` is "notRunning"; the status widget shows
+    "Running..." only after a delay) and nothing is stale, a skeleton or the status widget."""
     return page.evaluate(
-        "() => !document.querySelector('[data-testid=stStatusWidget]') && "
-        "!document.querySelector('[data-stale=true]') && !document.querySelector('[data-testid=stSkeleton]')"
+        "() => { const app = document.querySelector('[data-testid=stApp]');"
+        " return !!app && app.getAttribute('data-test-script-state') === 'notRunning' &&"
+        " !document.querySelector('[data-testid=stStatusWidget]') &&"
+        " !document.querySelector('[data-stale=true]') && !document.querySelector('[data-testid=stSkeleton]'); }"
     )
 
 
