@@ -499,13 +499,17 @@ class DistributedSteps:
         return [(locs[k], sizes[self.ctx.rank][k], sum(s[k] for s in sizes)) for k in range(self.steps)]
 
     # ----------------------------------------------------------------- one step
-    def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int) -> torch.Tensor:
-        """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached)."""
+    def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int, ws=None) -> torch.Tensor:
+        """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached).
+
+        ``ws``: this rank's rows' weights (weighted fits), handed to the loss as ``model._wb``."""
         empty = b_local == 0
         if empty:  # keep every rank in the collectives; contributes nothing
             xb, yb = Xs[:1], ys[:1]
         else:
             xb, yb = Xs[local_idx], ys[local_idx]
+        if ws is not None:
+            self.model._wb = ws[:1] if empty else ws[local_idx]
         share = b_local / b_global
         with step_scope(self.ctx, empty=empty):
             if self.manual:
@@ -525,7 +529,7 @@ class DistributedSteps:
         return buf.reshape(()).to(total.device)
 
     # ----------------------------------------------------------------- epoch-level agreement
-    def validation_metrics(self, Xs, ys, Xv, yv) -> tuple[float, float]:
+    def validation_metrics(self, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, float]:
         """Validation NLL / RMSE over all ranks' validation rows (replicated: the strided shard)."""
         import torch.distributed as dist
 
@@ -534,11 +538,14 @@ class DistributedSteps:
         model = self.model
         with torch.no_grad():
             if model.needs_finalize:
-                model.finalize(Xs, ys)
+                model.finalize(Xs, ys, ws)
             if not self.ctx.sharded:
                 Xv, yv = Xv[self.ctx.rank :: self.W], yv[self.ctx.rank :: self.W]
+                wv = None if wv is None else wv[self.ctx.rank :: self.W]
             mean, var_f = model.predict_scaled(Xv)
-            var_y = var_f + model._noise_s()
+            from gpcore.train import validation_noise
+
+            var_y = var_f + validation_noise(model, wv)
             stats = torch.stack(
                 [
                     gaussian_nll(yv, mean, var_y).double().sum(),
@@ -595,14 +602,16 @@ def _global_scalers(ctx: DistContext, X: np.ndarray, y: np.ndarray):
     return lo.cpu().numpy(), hi.cpu().numpy(), mean, sd, n
 
 
-def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None = None, ctx: DistContext | None = None):
+def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None = None, ctx: DistContext | None = None,
+                *, weights=None, val_weights=None):
     """``model.fit`` where every rank passes only *its own* rows (``X``, ``y``; optional validation rows).
 
     Scalers come from all-reduced moments, so every rank scales identically; the initial
     parameters are rank 0's. Full-batch statistics (exact DBK-MML) are exact over all rows.
     Returns the fitted model (identical on every rank). The callback runs on rank 0 only.
+    ``weights`` / ``val_weights``: this rank's rows' per-observation weights (as in ``GPModel.fit``).
     """
-    from gpcore.models.base import as_1d_float, as_2d_float
+    from gpcore.models.base import as_1d_float, as_2d_float, as_weights
     from gpcore.train import train
 
     ctx = ctx or _CURRENT
@@ -616,6 +625,10 @@ def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None =
         X_val, y_val = np.empty((0, X.shape[1])), np.empty(0)
     X_val = as_2d_float(X_val, "X_val", d=X.shape[1]).reshape(-1, X.shape[1])
     y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
+    w = None if weights is None else as_weights(weights, X.shape[0], "weights")
+    wv = None
+    if w is not None:
+        wv = as_weights(np.ones(0) if val_weights is None else val_weights, X_val.shape[0], "val_weights")
     torch.manual_seed(model.config.seed)
     np.random.seed(model.config.seed)
     lo, hi, mean, sd, n = _global_scalers(ctx, X, y)
@@ -634,13 +647,18 @@ def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None =
     dist.all_reduce(nv, group=ctx.group)  # every rank must agree on whether there is validation data
     Xv, yv = (model.scale_x(X_val), model.scale_y(y_val)) if nv.item() > 0 else (None, None)
     model.module_ = model._build(model.d_, Xs, ys).to(device=model.device, dtype=model.dtype)
+    ws = wvs = None
+    if w is not None:
+        model._add_nugget()
+        ws = model._to_tensor(w)
+        wvs = model._to_tensor(wv) if Xv is not None else None
     broadcast_module(model.module_, ctx)
     import time
 
     t0 = time.perf_counter()
     with session(ctx, sharded=True):
-        model.history_, model.train_info_ = train(model, Xs, ys, Xv, yv, callback)
-        model.finalize(Xs, ys)
+        model.history_, model.train_info_ = train(model, Xs, ys, Xv, yv, callback, ws=ws, wv=wvs)
+        model.finalize(Xs, ys, ws)
     model.train_info_["fit_seconds"] = time.perf_counter() - t0
     model.train_info_["world_size"] = ctx.world_size
     model.fitted_ = True
@@ -672,11 +690,13 @@ def execute_run_distributed(cfg, out_dir, callback=None, log=None):
                 return execute_run(cfg, out_dir, callback=callback, prepared=prep, log=log)
             model = make_model(cfg.model, **cfg.model_settings())
             check_supported(model)
+            w = prep.weights
             model.fit(
                 prep.X[prep.train_idx],
                 prep.y[prep.train_idx],
                 prep.X[prep.val_idx],
                 prep.y[prep.val_idx],
+                **({} if w is None else {"weights": w[prep.train_idx], "val_weights": w[prep.val_idx]}),
             )
             return None
     finally:

@@ -60,15 +60,24 @@ class _Cancelled(Exception):
 
 
 @torch.no_grad()
-def validation_metrics(model, Xs, ys, Xv, yv) -> tuple[float, float]:
-    """Validation NLL and RMSE in the caller's target units."""
+def validation_metrics(model, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, float]:
+    """Validation NLL and RMSE in the caller's target units (weighted fits: each row's own noise)."""
     if model.needs_finalize:
-        model.finalize(Xs, ys)
+        model.finalize(Xs, ys, ws)
     mean, var_f = model.predict_scaled(Xv)
-    var_y = var_f + model._noise_s()
+    var_y = var_f + validation_noise(model, wv)
     nll = gaussian_nll(yv, mean, var_y).mean().item() + math.log(model.y_std_)
     rmse = (yv - mean).pow(2).mean().sqrt().item() * model.y_std_
     return nll, rmse
+
+
+def validation_noise(model, wv):
+    """Noise variance of the validation rows (standardised): sigma^2, or tau^2 + sigma^2 / w_v."""
+    prev, model._wb = model._wb, wv
+    try:
+        return model._noise_rows()
+    finally:
+        model._wb = prev
 
 
 def iterate_batches(n: int, batch_size: int, generator: torch.Generator, device) -> list[torch.Tensor]:
@@ -157,7 +166,7 @@ def _make_optimizer(model, cfg, perf: Performance):
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
-def train(model, Xs, ys, Xv=None, yv=None, callback=None):
+def train(model, Xs, ys, Xv=None, yv=None, callback=None, *, ws=None, wv=None):
     """Optimise ``model.module_`` in place. Returns ``(history, info)``.
 
     Parameters
@@ -168,6 +177,8 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
     Xv, yv : optional validation tensors (early stopping on validation NLL).
     callback : optional ``callback(Progress) -> bool | None``; ``False`` cancels. Distributed:
         called on rank 0 only.
+    ws, wv : per-observation weights of the training / validation rows (weighted fits only); each
+        step sees its batch's weights as ``model._wb``.
     """
     from gpcore import distributed as D
 
@@ -183,6 +194,7 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
         if dctx is not None and dctx.world_size > 1:
             D.check_supported(model)
             probe = (Xs[:8], ys[:8], n) if n > 0 else None
+            model._wb = None if ws is None else ws[:8]  # the probe's loss sees its rows' weights
             dist_steps = D.DistributedSteps(model, dctx, n, cfg.batch_size, model.full_batch, cfg.seed, probe)
             n = dist_steps.n_global
             full = model.full_batch or cfg.batch_size >= n
@@ -190,12 +202,13 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
             if model.full_batch and n < dctx.world_size:
                 raise ValueError(f"{n} training points cannot be split over {dctx.world_size} processes")
         opt = _make_optimizer(model, cfg, perf)
-        return _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps)
+        return _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps, ws, wv)
     finally:
+        model._wb = None
         restore()
 
 
-def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps):
+def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps, ws=None, wv=None):
     gen = torch.Generator().manual_seed(cfg.seed)
     main = dist_steps is None or dist_steps.ctx.is_main
     if dist_steps is None:
@@ -218,7 +231,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
             batches = dist_steps.epoch_batches(Xs.device)
             for idx, b_local, b_global in batches:
                 opt.zero_grad(set_to_none=True)
-                loss = dist_steps.step(Xs, ys, idx, b_local, b_global, n)
+                loss = dist_steps.step(Xs, ys, idx, b_local, b_global, n, ws)
                 opt.step()
                 total += loss.double()
                 step += 1
@@ -230,6 +243,8 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
                 batches = iterate_batches(n, cfg.batch_size, gen, Xs.device)
             for idx in batches:
                 xb, yb = (Xs, ys) if idx is None else (Xs[idx], ys[idx])
+                if ws is not None:
+                    model._wb = ws if idx is None else ws[idx]
                 opt.zero_grad(set_to_none=True)
                 loss = model._step(xb, yb, n)
                 opt.step()
@@ -245,10 +260,11 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
             diverged = True
             break
         if has_val:
+            model._wb = None
             if dist_steps is not None:
-                val_nll, val_rmse = dist_steps.validation_metrics(Xs, ys, Xv, yv)
+                val_nll, val_rmse = dist_steps.validation_metrics(Xs, ys, Xv, yv, ws, wv)
             else:
-                val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv)
+                val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv, ws, wv)
             metric = val_nll
         else:
             val_nll = val_rmse = None
