@@ -68,6 +68,7 @@ def units_of(column: str) -> str:
 def st_load_dataset(spec: DatasetSpec) -> LoadedData:
     """Read, validate and stratify a data set exactly as a run would (``gpcore.runs.load_frame``)."""
     from gpcore import data as D
+    from gpcore.identity import dataset_identity
     from gpcore.runs import frame_hash, load_frame
 
     cfg = spec.run_config()
@@ -81,7 +82,7 @@ def st_load_dataset(spec: DatasetSpec) -> LoadedData:
         source=source,
         state=state,
         report=gdf.attrs.get("report"),
-        data_hash=frame_hash(X, y_t),
+        data_hash=dataset_identity(cfg.to_dict()) or frame_hash(X, y_t),
         y_t=y_t,
         units=units_of(spec.y),
     )

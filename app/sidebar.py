@@ -53,9 +53,9 @@ def render_sidebar(data) -> list:
         st.markdown(f"**Runs** ({len(runs)} in the store, {len(on_data)} on this data set)")
         if runs:
             titles = {r.run_id: _run_label(r, data.data_hash) for r in runs}
-            state.bind("w_sidebar_run", "ua_run", lambda v: v in ids)
-            ss.ua_run = st.selectbox(
-                "Active run", ids, format_func=titles.get, key="w_sidebar_run",
+            state.bound(
+                st.selectbox, "Active run", ids, format_func=titles.get, key="w_sidebar_run", state_key="ua_run",
+                valid=lambda v: v in ids,
                 help="The run shown on Maps and Export. Runs persist in the run store across restarts.",
             )
             with st.expander("All runs", expanded=False):

@@ -249,9 +249,36 @@ def dataset() -> DatasetSpec:
     return st.session_state.ua_dataset
 
 
-def bind(widget_key: str, state_key: str, value_ok=lambda v: True) -> None:
-    """Before drawing a widget keyed ``widget_key``, seed it from the canonical ``state_key``."""
+_MISSING = object()
+
+
+def bound(widget, label: str, *args, state_key: str, key: str, valid=lambda v: True, **kwargs):
+    """Draw ``widget(label, *args, key=key, ...)`` bound to the canonical session key ``state_key``.
+
+    One source of truth per value: the user's change reaches the canonical key (and the URL) in the
+    widget's ``on_change`` callback, which Streamlit runs *before* the script reruns, so nothing can
+    overwrite it. The widget is seeded from the canonical key only when they differ — on its first draw
+    on a page (Streamlit drops a widget's key when a page stops drawing it) or after another widget
+    bound to the same value (the sidebar's and the Maps page's run selectors) changed it. A value the
+    widget cannot show (``valid`` false: a deleted run) is not seeded; the widget's own default then
+    becomes the canonical value. Deselecting a segmented control keeps the current value.
+    """
     ss = st.session_state
-    value = ss.get(state_key)
-    if value_ok(value) and ss.get(widget_key, object()) != value:
-        ss[widget_key] = value
+    canonical = ss.get(state_key)
+    if canonical is not None and valid(canonical) and ss.get(key, _MISSING) != canonical:
+        ss[key] = canonical
+
+    def changed() -> None:
+        value = ss.get(key)
+        if value is None and ss.get(state_key) is not None:
+            ss[key] = ss[state_key]  # a click on the selected option of a segmented control
+            return
+        ss[state_key] = value
+        sync_query()
+
+    value = widget(label, *args, key=key, on_change=changed, **kwargs)
+    if value is None:
+        value = ss.get(state_key)
+    if ss.get(state_key) != value:
+        ss[state_key] = value
+    return value

@@ -39,7 +39,9 @@ def setting_widget(f: Field, default, key: str, disabled: bool = False):
         )
     if isinstance(f.default, float):
         d = float(default)
-        step = 10 ** math.floor(math.log10(abs(d))) if d else 0.1
+        # float step for every magnitude: 10 ** 0 is the int 1, and Streamlit refuses a float value with an
+        # int step (StreamlitMixedNumericTypesError), which hid the Train button for most models
+        step = float(10.0 ** math.floor(math.log10(abs(d)))) if d else 0.1
         return float(
             st.number_input(
                 label, value=d, step=step, format="%g", key=key, help=help_, disabled=disabled,

@@ -35,6 +35,7 @@ import pandas as pd
 from gpcore import metrics as M
 from gpcore.device import describe_device
 from gpcore.errors import ConfigError
+from gpcore.identity import dataset_identity
 
 RUN_FORMAT = "gpcore-run"
 
@@ -186,6 +187,8 @@ def _sample_state(D, key):
 
 
 def frame_hash(X: np.ndarray, y: np.ndarray) -> str:
+    """Checksum of the arrays a run trained on; a fallback identity only when the source file is gone
+    (identity is :func:`gpcore.identity.dataset_identity`: file content + data spec, never floats)."""
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(X, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(y, dtype=np.float64).tobytes())
@@ -221,7 +224,7 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
         val_idx=np.asarray(va_i),
         test_idx=np.asarray(te_i),
         transform=tr,
-        data_hash=frame_hash(X, y),
+        data_hash=dataset_identity(cfg.to_dict()) or frame_hash(X, y),
         source_label=source,
         state=state,
         report_text=report.to_text() if hasattr(report, "to_text") else "",
@@ -435,6 +438,7 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
         "data": {
             "source": prep.source_label,
             "hash": prep.data_hash,
+            "hash_of": "file content + data spec",  # gpcore.identity; older runs hashed floats
             "rows": int(len(prep.y)),
             "n_train": int(len(prep.train_idx)),
             "n_val": int(len(prep.val_idx)),

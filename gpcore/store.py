@@ -45,7 +45,19 @@ class RunInfo:
 
     @property
     def data_hash(self) -> str:
-        return self.manifest.get("data", {}).get("hash", "")
+        """The identity of the run's data set (:func:`gpcore.identity.dataset_identity`).
+
+        Runs written before identities were content hashes stored a hash of transformed floats; for
+        those (no ``hash_of`` note) it is recomputed from the run's configuration when its file exists.
+        """
+        data = self.manifest.get("data", {}) if isinstance(self.manifest, dict) else {}
+        if data.get("hash_of") is None and isinstance(self.manifest.get("config"), dict):
+            from gpcore.identity import dataset_identity
+
+            ident = dataset_identity(self.manifest["config"])
+            if ident:
+                return ident
+        return data.get("hash", "")
 
 
 class RunStore:

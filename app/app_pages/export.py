@@ -19,8 +19,8 @@ def page() -> None:
         return
     ids = [r.run_id for r in runs]
     titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
-    state.bind("w_export_run", "ua_run", lambda v: v in ids)
-    ss.ua_run = st.selectbox("Run", ids, format_func=titles.get, key="w_export_run")
+    state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_export_run", state_key="ua_run",
+                valid=lambda v: v in ids)
     info = next(r for r in runs if r.run_id == ss.ua_run)
     path = str(info.path)
     m = info.manifest

@@ -39,12 +39,11 @@ def controls(runs) -> dict:
     titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
     c = st.columns([5, 4])
     with c[0]:
-        state.bind("w_maps_run", "ua_run", lambda v: v in ids)
-        ss.ua_run = st.selectbox("Run", ids, format_func=titles.get, key="w_maps_run")
+        state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_maps_run", state_key="ua_run",
+                    valid=lambda v: v in ids)
     with c[1]:
-        state.bind("w_map_kind", "ua_map", lambda v: v in MAP_LABELS)
-        ss.ua_map = st.segmented_control("Map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="w_map_kind") \
-            or ss.ua_map or "mean"
+        state.bound(st.segmented_control, "Map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="w_map_kind",
+                    state_key="ua_map", valid=lambda v: v in MAP_LABELS)
     c = st.columns([2, 3, 2, 2])
     with c[0]:
         scale = st.selectbox("Colour scale", MAP_SCALES, key="w_scale")
@@ -62,8 +61,8 @@ def controls(runs) -> dict:
         ss.ua_side = st.toggle("Second run side by side", value=bool(ss.get("ua_run2")), key="w_side")
         if ss.ua_side and len(ids) > 1:
             others = [i for i in ids if i != ss.ua_run]
-            state.bind("w_maps_run2", "ua_run2", lambda v: v in others)
-            ss.ua_run2 = st.selectbox("Second run", others, format_func=titles.get, key="w_maps_run2")
+            state.bound(st.selectbox, "Second run", others, format_func=titles.get, key="w_maps_run2",
+                        state_key="ua_run2", valid=lambda v: v in others)
         elif ss.ua_side:
             st.caption("Train another run to compare two maps.")
             ss.ua_run2 = None

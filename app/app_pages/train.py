@@ -7,6 +7,8 @@ chart, and offers Cancel (the best model so far is kept and saved).
 
 from __future__ import annotations
 
+import inspect
+
 import pandas as pd
 import streamlit as st
 
@@ -119,7 +121,11 @@ def page() -> None:
 
     model = model_picker()
     spec = model_spec(model)
-    st.markdown("**Main settings** (paper defaults)")
+    st.markdown("**Main settings** (defaults scaled to a 2-core CPU)")
+    doc = inspect.getdoc(spec.cls.Config) or ""
+    if doc:
+        with st.expander("The paper's settings and these defaults"):
+            st.text(doc)
     settings = widgets.settings_form(model, main=True)
     with st.expander("More settings"):
         settings.update(widgets.settings_form(model, main=False))
@@ -135,11 +141,12 @@ def page() -> None:
     label = st.text_input("Run label (optional)", key="w_label", placeholder=f"{model} on {data.spec.label()}")
     st.caption(spec.description)
 
-    if st.button("Train", type="primary", disabled=running, key="w_train"):
+    if st.button("Train", type="primary", disabled=running, key="w_train",
+                 help="Disabled while a model trains (Cancel is below the progress bar)."):
         start(data, model, settings, split, block_km, seed, cell_km, label)
         ss.ua_job_selected = False
-        job = ss.get("ua_job")
-        running = job is not None and not job.done
+        if ss.get("ua_job") is not job:  # started: redraw at once so the button shows disabled
+            st.rerun()
 
     if job is not None:
         st.divider()

@@ -1,0 +1,105 @@
+"""Every bound control keeps what the user picked (driven by widget interactions, never by session state).
+
+Regression tests for the dashboard issue: the Map control sprang back to the mean map and the run
+selectors to the newest run (``bind()`` copied the stored value over the user's pick), and the Train
+page crashed for every model whose float settings got an int step.
+"""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+RUNS = ("20240101-000001-000-dbk-silu", "20240101-000000-000-dbk-rbf")  # the test store's runs
+
+
+def no_exceptions(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def html_text(at: AppTest) -> str:
+    return "\n".join(str(getattr(h.proto, "body", "")) for h in at.get("html"))
+
+
+def headers(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if m.value.startswith("#### ")]
+
+
+def maps(app: AppTest) -> AppTest:
+    app.run()
+    app.switch_page("app_pages/maps.py").run()
+    no_exceptions(app)
+    return app
+
+
+def test_map_control_shows_each_map_and_stays_there(app, store):
+    maps(app)
+    assert "Posterior mean of download_mbps" in html_text(app)
+    app.segmented_control(key="w_map_kind").set_value("width").run()
+    no_exceptions(app)
+    assert "95% prediction-interval width" in html_text(app)
+    assert app.segmented_control(key="w_map_kind").value == "width"
+    app.selectbox(key="w_scale").set_value("magma").run()  # any later rerun keeps the pick
+    assert app.segmented_control(key="w_map_kind").value == "width"
+    assert "95% prediction-interval width" in html_text(app)
+    assert app.query_params["map"] == ["width"] or app.query_params["map"] == "width"
+    app.segmented_control(key="w_map_kind").set_value("data").run()
+    no_exceptions(app)
+    assert "Measured download_mbps" in html_text(app)
+    assert app.segmented_control(key="w_map_kind").value == "data"
+
+
+@pytest.mark.parametrize("where", ["maps", "sidebar", "export"])
+def test_run_selectors_keep_the_chosen_run(app, store, where):
+    maps(app)
+    first = headers(app)
+    older = next(r for r in RUNS if r != app.selectbox(key="w_maps_run").value)  # a run not shown now
+    if where == "export":
+        app.switch_page("app_pages/export.py").run()
+        app.selectbox(key="w_export_run").set_value(older).run()
+        no_exceptions(app)
+        assert app.selectbox(key="w_export_run").value == older
+        assert older in app.code[0].value or older in str(app.json[0].proto.body)
+        app.switch_page("app_pages/maps.py").run()
+    elif where == "sidebar":
+        app.sidebar.selectbox(key="w_sidebar_run").set_value(older).run()
+    else:
+        app.selectbox(key="w_maps_run").set_value(older).run()
+    no_exceptions(app)
+    assert app.selectbox(key="w_maps_run").value == older
+    assert app.sidebar.selectbox(key="w_sidebar_run").value == older
+    app.selectbox(key="w_scale").set_value("magma").run()  # a later rerun keeps it
+    assert app.selectbox(key="w_maps_run").value == older
+    assert app.sidebar.selectbox(key="w_sidebar_run").value == older
+    assert headers(app) != first, "the map header names the chosen run"
+    assert app.query_params["run"] in (older, [older])
+
+
+def test_second_run_side_by_side_keeps_its_pick(app, store):
+    maps(app)
+    app.toggle(key="w_side").set_value(True).run()
+    no_exceptions(app)
+    from gpcore.store import RunStore
+
+    taken = {app.selectbox(key="w_maps_run").value, app.selectbox(key="w_maps_run2").value}
+    pick = next(r.run_id for r in RunStore().list() if r.run_id not in taken)
+    app.selectbox(key="w_maps_run2").set_value(pick).run()
+    app.selectbox(key="w_scale").set_value("magma").run()
+    assert app.selectbox(key="w_maps_run2").value == pick
+    assert len(headers(app)) == 2
+    app.toggle(key="w_side").set_value(False).run()
+    assert len(headers(app)) == 1
+
+
+def test_train_page_renders_every_registered_model(app, store):
+    from gpcore.models.base import available_models
+
+    app.run()
+    app.switch_page("app_pages/train.py").run()
+    no_exceptions(app)
+    for name in available_models():
+        app.selectbox(key="w_model").set_value(name).run()
+        no_exceptions(app)
+        assert [b for b in app.button if b.key == "w_train"], f"no Train button for {name}"
+        assert app.selectbox(key="w_model").value == name
+        assert not any("paper defaults" in m.value for m in app.markdown)

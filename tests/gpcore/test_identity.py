@@ -1,0 +1,78 @@
+"""A data set's identity is its file content and data spec, never floating-point results."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from gpcore.identity import dataset_identity, file_digest
+from gpcore.runs import RunConfig
+
+BASE = dict(data="sample:puerto_rico", y="download_mbps", model="dbk", transform="log10", quarter="2023",
+            strata="county_metro")
+
+
+def ident(**changes) -> str | None:
+    return dataset_identity(RunConfig(**{**BASE, **changes}).to_dict())
+
+
+def test_identity_ignores_the_model_and_split_but_not_the_spec():
+    a = ident()
+    assert a is not None and len(a) == 16
+    assert ident(model="svgp", seed=3, split="block", settings={"epochs": 2}) == a
+    for change in (dict(transform="identity"), dict(quarter="2022"), dict(y="upload_mbps"), dict(strata=None),
+                   dict(weight="tests"), dict(x=("lon", "lat"))):
+        assert ident(**change) != a, change
+    assert ident(quarter=None) == a, "a sample's default period is its period"
+
+
+def test_identity_is_the_file_content_wherever_it_lies(tmp_path):
+    from gpcore.data import sample_path
+
+    copy = tmp_path / "pr.parquet"
+    shutil.copyfile(sample_path("puerto_rico"), copy)
+    assert ident(data=str(copy)) == ident()
+    assert file_digest(copy) == file_digest(sample_path("puerto_rico"))
+    with open(copy, "r+b") as fh:  # one byte more is another data set
+        fh.seek(0, 2)
+        fh.write(b"\0")
+    assert ident(data=str(copy)) != ident()
+    assert ident(data=str(tmp_path / "missing.csv")) is None
+    assert file_digest(tmp_path) is None
+
+
+def test_polygon_strata_are_identified_by_their_layer_content(tmp_path):
+    layer = tmp_path / "urban.geojson"
+    layer.write_text(json.dumps({"type": "FeatureCollection", "features": []}))
+    a = ident(strata=f"polygons:{layer}")
+    layer.write_text(json.dumps({"type": "FeatureCollection", "features": [], "name": "other"}))
+    assert ident(strata=f"polygons:{layer}") != a
+    assert ident(strata=f"polygons:{tmp_path / 'gone.geojson'}") is None
+
+
+def test_a_run_matches_its_data_set_when_floats_differ_by_one_ulp(tmp_path, monkeypatch):
+    """Another CPU's log10 may round differently: the run must still be on the same data set."""
+    import gpcore.data.transforms as T
+    from gpcore import runs
+    from gpcore.store import RunInfo
+
+    cfg = RunConfig(**BASE)
+    prep = runs.prepare(cfg)
+    log10 = T.TRANSFORMS["log10"]
+    shifted = dataclasses.replace(log10, _forward=lambda y: np.nextafter(np.log10(y), np.inf))
+    monkeypatch.setitem(T.TRANSFORMS, "log10", shifted)
+    other_cpu = runs.prepare(cfg)
+    assert not np.array_equal(other_cpu.y, prep.y)
+    assert other_cpu.data_hash == prep.data_hash
+    # a manifest written by the older code (a float hash, no note) is matched by its configuration
+    old = RunInfo("old", tmp_path, {"config": cfg.to_dict(), "data": {"hash": runs.frame_hash(prep.X, prep.y)}}, False)
+    assert old.data_hash == prep.data_hash
+
+
+@pytest.mark.parametrize("bad", [{"data": "sample:nope"}, {"data": ""}, {}])
+def test_unidentifiable_configs_give_none(bad):
+    assert dataset_identity(bad) is None
