@@ -101,7 +101,9 @@ def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec 
         y = st.selectbox("Target column", numeric, index=numeric.index(default_y), key=f"w_y_{sfx}")
         w_opts = [NONE, *numeric]
         weight = st.selectbox("Weight column (optional)", w_opts,
-                              index=w_opts.index(base.weight) if base.weight in numeric else 0, key=f"w_weight_{sfx}")
+                              index=w_opts.index(base.weight) if base.weight in numeric else 0, key=f"w_weight_{sfx}",
+                              help="Measurements per row (e.g. Ookla 'tests'): a row's noise is tau^2 + sigma^2 / w, "
+                                   "both learned; metrics get bins 1, 2-4, 5-16, >16.")
     c3, c4 = st.columns(2)
     with c3:
         t_opts = [AUTO, NONE, *cols]

@@ -158,3 +158,20 @@ def test_widths_violins_split_by_stratum():
     assert float(fig.data[0].y[0]) == pytest.approx(2 * 1.959964 * np.sqrt(0.1), rel=1e-5)
     metrics = pd.DataFrame({"model": ["a", "a"], "group": ["metro", "non-metro"], "coverage": [0.9, 0.97]})
     assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95
+
+
+def test_width_map_title_says_for_how_many_measurements():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from app.mapview import grid_scale
+    from gpcore.data import get_transform
+
+    run = SimpleNamespace(grid=pd.DataFrame({"width_t": [0.5, 1.0], "width": [3.0, 9.0]}), transform=get_transform(
+        "log10"), t_units="log10(Mbps)", units="Mbps", target="download_mbps",
+        manifest={"weights": {"column": "tests", "grid_measurements": 1}, "recalibration": {"kind": "group"}})
+    title = grid_scale(run, "width", "viridis")[2]
+    assert "for a value from 1 measurement (tests = 1)" in title and "recalibrated" in title
+    run.manifest = {}
+    assert grid_scale(run, "width", "viridis")[2] == "95% prediction-interval width (log10(Mbps))"
