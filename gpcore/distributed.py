@@ -678,7 +678,7 @@ def execute_run_distributed(cfg, out_dir, callback=None, log=None):
     the same ``fit`` call as ``execute_run`` (training rows, validation rows, model settings).
     """
     from gpcore.models.base import make_model
-    from gpcore.runs import execute_run, prepare
+    from gpcore.runs import execute_run, prepare, run_model_settings
 
     ctx = init_distributed()
     try:
@@ -688,15 +688,16 @@ def execute_run_distributed(cfg, out_dir, callback=None, log=None):
                 if log is not None:
                     log(f"distributed training: {ctx.world_size} processes, backend {ctx.backend}")
                 return execute_run(cfg, out_dir, callback=callback, prepared=prep, log=log)
-            model = make_model(cfg.model, **cfg.model_settings())
+            model = make_model(cfg.model, **run_model_settings(cfg, prep))
             check_supported(model)
-            w = prep.weights
+            w, st = prep.weights, prep.strata
             model.fit(
                 prep.X[prep.train_idx],
                 prep.y[prep.train_idx],
                 prep.X[prep.val_idx],
                 prep.y[prep.val_idx],
                 **({} if w is None else {"weights": w[prep.train_idx], "val_weights": w[prep.val_idx]}),
+                **({} if st is None else {"groups": st[prep.train_idx], "val_groups": st[prep.val_idx]}),
             )
             return None
     finally:
