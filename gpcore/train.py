@@ -7,6 +7,10 @@ restore, a per-epoch callback that may cancel, and an optional wall-clock budget
 The loss is accumulated on the device and read back once per epoch, so the hot loop has no
 host-device synchronisation.
 
+Weighted fits (``GPModel.fit(weights=...)``): each step's batch weights are handed to the model as
+``model._wb`` (its loss turns them into per-row noise ``tau^2 + sigma^2 / w``), and the validation
+NLL scores each validation row with its own weight.
+
 Inside a :func:`gpcore.distributed.session` with more than one process the same loop trains
 across ranks (DistributedDataParallel for mini-batch losses, a gradient all-reduce for full-batch
 ones; see :mod:`gpcore.distributed` for the global-batch semantics). Rank 0 runs the callback and
