@@ -11,8 +11,9 @@ stratum without recalibration, with one global scale and with one scale per stra
     python benchmarks/bench_weights.py recal --data california.csv --y median_house_value \\
         --x longitude,latitude --strata column:coast --models dbk-rbf,svgp
 
-(``california.csv``: /work/shared/data/california_housing_1990_blockgroups.csv with a ``coast`` column,
-"inland" where ``ocean_proximity`` is INLAND, else "coastal"; ``--make-california OUT.csv`` writes it.)
+(``california.csv``: california_housing_1990_blockgroups.csv (Pace & Barry 1997) with a ``coast`` column,
+"inland" where ``ocean_proximity`` is INLAND, else "coastal"; ``--make-california OUT.csv --data SRC.csv``
+writes it.)
 ``--smoke`` runs both modes on a small synthetic set in seconds (CI).
 """
 
@@ -150,8 +151,9 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     if a.make_california:
-        print(make_california(Path("/work/shared/data/california_housing_1990_blockgroups.csv"),
-                              Path(a.make_california)))
+        if not a.data:
+            p.error("--make-california needs --data california_housing_1990_blockgroups.csv")
+        print(make_california(Path(a.data), Path(a.make_california)))
         return 0
     settings: dict[str, dict] = {}
     for item in a.set:
