@@ -7,7 +7,7 @@ strings and small tables use ``st.cache_data``.
 
 Cost per click on a map (see ``benchmarks/bench_app.py``): ``st_kernel`` holds the grid's
 features, so a slice is one matrix-vector product; the image is a palette PNG from the cached
-raster index; the pickable cells are the cached ``st_cells_json`` string.
+raster index; the grid-map component's cell lookup is the cached ``st_grid_lookup``.
 """
 
 from __future__ import annotations
@@ -93,28 +93,64 @@ class Inspection:
     """What a file holds, for the column-mapping widgets (auto-detected picks included)."""
 
     columns: list[str]
-    numeric: list[str]
+    numeric: list[str]  # number columns as the reader treats them (a few text cells allowed), no coordinates
     lon: str | None
     lat: str | None
     time: str | None
     quarters: list[str]
     rows: int
     report_text: str
+    profiles: dict  # name -> gpcore.data.columns.ColumnProfile (of the raw file rows)
+
+    def default_target(self) -> str | None:
+        from gpcore.data.columns import guess_target
+
+        return guess_target({n: self.profiles[n] for n in self.numeric}, coordinates=(self.lon, self.lat))
+
+
+#: Columns the reader adds (never offered as target, weight or strata).
+INTERNAL_COLUMNS = {"geometry", "lon", "lat", "time_year"}
+
+
+@st.cache_resource(show_spinner="Reading the file ...", max_entries=8)
+def st_columns(source: str) -> tuple[list[str], dict]:
+    """The file's columns as read and their profiles (DataError only when the file cannot be read at all)."""
+    from gpcore.data.columns import profile_columns, read_table
+
+    spec = DatasetSpec(source=source)
+    path = _path_of(spec)
+    df = read_table(path)
+    profiles = profile_columns(df)
+    return list(profiles), profiles
+
+
+def _path_of(spec: DatasetSpec):
+    from gpcore import data as D
+
+    return D.sample_path(spec.sample_key) if spec.sample_key else _source_path(spec.source)
 
 
 @st.cache_resource(show_spinner="Inspecting the file ...", max_entries=8)
-def st_inspect(source: str) -> Inspection:
-    """Read a file once without a target to list its columns and what gpcore detects (DataError if unusable)."""
+def st_inspect(source: str, lon: str | None = None, lat: str | None = None) -> Inspection:
+    """Read a file once without a target to list its columns and what gpcore detects (DataError if unusable).
+
+    ``lon`` / ``lat`` are the user's coordinate columns (None: auto-detect).
+    """
     from gpcore import data as D
+    from gpcore.data.columns import is_coordinate_name
 
     spec = DatasetSpec(source=source)
-    path = D.sample_path(spec.sample_key) if spec.sample_key else _source_path(source)
-    gdf = D.read_measurements(path, allow_drop=True)
+    gdf = D.read_measurements(_path_of(spec), lon=lon, lat=lat, allow_drop=True)
     rep = gdf.attrs["report"]
-    skip = {"geometry", "lon", "lat", "time_year"}
+    _, raw = st_columns(source)
+    from gpcore.data.columns import profile_column
+
+    # columns the reader derives (Ookla's download_mbps from avg_d_kbps) are profiled as read
+    profiles = {**raw, **{c: profile_column(gdf[c]) for c in gdf.columns if c not in raw and c != "geometry"}}
     columns = [c for c in gdf.columns if c != "geometry"]
-    numeric = [c for c in columns if c not in skip and pd.api.types.is_numeric_dtype(gdf[c])
-               and not pd.api.types.is_bool_dtype(gdf[c])]
+    used = {rep.columns.get("lon"), rep.columns.get("lat")}
+    numeric = [c for c in columns if c in profiles and profiles[c].numeric and c not in INTERNAL_COLUMNS
+               and c not in used and not is_coordinate_name(c)]
     time_col = rep.columns.get("time")
     quarters: list[str] = []
     if time_col:
@@ -129,6 +165,7 @@ def st_inspect(source: str) -> Inspection:
         quarters=quarters,
         rows=len(gdf),
         report_text=rep.to_text(),
+        profiles=profiles,
     )
 
 
@@ -202,10 +239,44 @@ def st_points_json(_data: LoadedData, key: str, scale_name: str, lo: float, hi: 
 
 
 def list_runs():
-    """All runs in the store (the user's, newest first, then the bundled ones). Not cached: cheap."""
+    """All valid runs in the store (the user's, newest first, then the bundled ones). Not cached: cheap."""
+    return list_runs_checked()[0]
+
+
+def list_runs_checked() -> tuple[list, list[tuple[str, str]]]:
+    """``(runs, skipped)``: the valid runs, and ``(run id, reason)`` of those whose run.json is malformed."""
     from gpcore.store import RunStore
 
-    return RunStore().list()
+    store = RunStore()
+    _clean_store_once(str(store.root))
+    runs = store.list()
+    return runs, store.invalid()
+
+
+@st.cache_resource(show_spinner=False)
+def _clean_store_once(root: str) -> list[str]:
+    """Remove what killed processes left in the store, once per server process (see RunStore.clean_leftovers)."""
+    from gpcore.store import RunStore
+
+    return RunStore(root).clean_leftovers()
+
+
+GRID_COLUMNS = ("cell_id", "lon", "lat", "mean_t", "width_t", "mean", "lower", "upper", "width")
+
+
+def _read_run_table(p: Path, kind: str, columns=()) -> pd.DataFrame:
+    """A run's Parquet/CSV file, checked for its columns; RunError naming run and file when damaged."""
+    from gpcore.errors import RunError
+
+    try:
+        df = pd.read_csv(p) if kind == "csv" else pd.read_parquet(p)
+    except Exception as e:  # noqa: BLE001 - pyarrow/pandas raise many types for damaged files
+        raise RunError(f"run '{p.parent.name}': {p.name} cannot be read ({type(e).__name__}); delete or re-run it") \
+            from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise RunError(f"run '{p.parent.name}': {p.name} lacks the column(s) {', '.join(missing)}; re-run it")
+    return df
 
 
 def run_key(info) -> tuple[str, float]:
@@ -268,10 +339,19 @@ def st_run_data(path: str, stamp: float) -> RunData:
     from scipy.spatial import cKDTree
 
     from gpcore import data as D
+    from gpcore.errors import RunError
+    from gpcore.store import read_manifest
 
     p = Path(path)
-    manifest = json.loads((p / "run.json").read_text())
-    grid = pd.read_parquet(p / "grid.parquet") if (p / "grid.parquet").is_file() else None
+    manifest = read_manifest(p)
+    grid = _read_run_table(p / "grid.parquet", "parquet", GRID_COLUMNS) if (p / "grid.parquet").is_file() else None
+    if grid is not None:
+        try:
+            grid = grid.astype({c: float for c in GRID_COLUMNS if c != "cell_id"})
+        except (TypeError, ValueError):
+            raise RunError(f"run '{p.name}': grid.parquet holds non-numeric predictions; re-run it") from None
+        if not (np.isfinite(grid["lon"]).all() and np.isfinite(grid["lat"]).all()):
+            raise RunError(f"run '{p.name}': grid.parquet has cells without finite coordinates; re-run it")
     cfg = manifest.get("config", {})
     tr = D.get_transform(cfg.get("transform", "identity"))
     hw = hh = 0.01
@@ -288,12 +368,20 @@ def st_run_data(path: str, stamp: float) -> RunData:
 
 
 def get_run(run_id: str | None):
-    """``RunData`` of a run id in the store (None if there is no such run)."""
+    """``RunData`` of a run id in the store (None if there is no such run, or it is damaged: with a warning)."""
+    from gpcore.errors import GPCoreError
+
     if not run_id:
         return None
     for info in list_runs():
         if info.run_id == run_id:
-            return st_run_data(*run_key(info))
+            try:
+                return st_run_data(*run_key(info))
+            except GPCoreError as exc:
+                from app.safe_html import md_text
+
+                st.warning(md_text(exc))
+                return None
     return None
 
 
@@ -354,20 +442,16 @@ def st_raster(path: str, stamp: float) -> R.RasterIndex:
 
 
 @st.cache_resource(show_spinner="Preparing the map cells ...", max_entries=8)
-def st_cells_json(path: str, stamp: float) -> str:
-    """The pickable cells of a run's grid with tooltip fields (serialised once per run; a shared,
-    immutable string, so ``cache_resource`` avoids copying megabytes on every rerun)."""
+def st_grid_lookup(path: str, stamp: float) -> dict:
+    """Tooltip and click lookup of a run's grid for :func:`app.gridmap.grid_map` (made once per run)."""
+    from app import gridmap
+
     run = st_run_data(path, stamp)
     g = run.grid
-    fmt = np.vectorize(format_number, otypes=[object])
-    fields = {
-        "m": fmt(g["mean"].to_numpy()),
-        "lo": fmt(g["lower"].to_numpy()),
-        "hi": fmt(g["upper"].to_numpy()),
-        "w": fmt(g["width"].to_numpy()),
-        "wt": fmt(g["width_t"].to_numpy()),
-    }
-    return L.cells_json(g["cell_id"].to_numpy(), g["lon"].to_numpy(), g["lat"].to_numpy(), fields)
+    values = {k: g[c].to_numpy() for k, c in (("m", "mean"), ("lo", "lower"), ("hi", "upper"), ("w", "width"),
+                                                ("wt", "width_t"))}
+    return gridmap.lookup(st_raster(path, stamp), g["cell_id"].to_numpy(), values, run.units, run.t_units,
+                          key=f"{path}:{stamp}")
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -387,13 +471,13 @@ def slice_image(path: str, stamp: float, values: np.ndarray, scale: ColorScale) 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_test_predictions(path: str, stamp: float) -> pd.DataFrame:
     p = Path(path) / "test_predictions.parquet"
-    return pd.read_parquet(p) if p.is_file() else pd.DataFrame()
+    return _read_run_table(p, "parquet", ("y", "mean", "var_y", "stratum")) if p.is_file() else pd.DataFrame()
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_metrics(path: str, stamp: float) -> pd.DataFrame:
     p = Path(path) / "metrics.csv"
-    return pd.read_csv(p) if p.is_file() else pd.DataFrame()
+    return _read_run_table(p, "csv", ("group", "nll")) if p.is_file() else pd.DataFrame()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,10 +552,108 @@ def run_grid_frame(path: str):
     return grid
 
 
+#: The files of the model format (GPModel.save): nothing else in model/ is ever exported.
+MODEL_FILES = ("model.json", "model.safetensors")
+
+
 def model_zip_bytes(path: str) -> bytes:
-    """The run's model folder (model.json + model.safetensors) as a zip."""
+    """The run's model (``model.json`` + ``model.safetensors``) as a zip. Only those two names, only regular
+    files (a symlink, e.g. to a system file, is refused), only inside the run folder."""
+    from gpcore.errors import RunError
+
+    folder = Path(path) / "model"
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for f in sorted((Path(path) / "model").iterdir()):
-            zf.write(f, arcname=f"model/{f.name}")
+        for name in MODEL_FILES:
+            f = folder / name
+            if folder.is_symlink() or f.is_symlink() or not f.is_file():
+                raise RunError(f"run '{Path(path).name}': model/{name} is missing or not a regular file")
+            zf.writestr(f"model/{name}", f.read_bytes())
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Decide page (gpcore.decide over a run's stored grid; nothing is retrained)
+# ---------------------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def st_run_cells(path: str, stamp: float):
+    """The run's grid with its cell polygons (``gpcore.runs.load_run_grid``), for areas and exports."""
+    from gpcore.runs import load_run_grid
+
+    return load_run_grid(path)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def st_exceedance(path: str, stamp: float, threshold: float, units: str, direction: str) -> np.ndarray:
+    """P(f below/above the threshold) per grid cell from the run's stored marginals (``O(cells)``)."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    model = st_model(path, stamp)
+    pred = decide.grid_prediction(run.grid, model.noise_variance)
+    return decide.exceedance(model, run.grid[["lon", "lat"]].to_numpy(float), threshold, units=units,
+                             transform=run.transform, direction=direction, pred=pred).p_f
+
+
+@st.cache_data(show_spinner="Assigning cells to areas ...", max_entries=8)
+def st_area_labels(path: str, stamp: float, source: str) -> np.ndarray:
+    """The area of each grid cell: ``counties`` (bundled, the run's state) or ``strata`` (the run's strata)."""
+    from gpcore import decide
+    from gpcore.runs import apply_strata
+
+    run = st_run_data(path, stamp)
+    state_code = run.manifest.get("data", {}).get("state")
+    g = run.grid
+    if source == "strata":
+        return apply_strata(g[["lon", "lat"]].copy(), run.config.get("strata"), state_code)["stratum"].to_numpy(
+            dtype=object)
+    return decide.assign_areas(g["lon"].to_numpy(), g["lat"].to_numpy(), decide.bundled_counties(state_code), "NAME")
+
+
+@st.cache_data(show_spinner="Computing the areas' posteriors ...", max_entries=8)
+def st_areas(path: str, stamp: float, source: str, weights: str, threshold: float, units: str,
+             samples: int = 0) -> pd.DataFrame:
+    """Posterior of each area's weighted mean, ranked by P(area mean below the threshold)."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    model = st_model(path, stamp)
+    labels = st_area_labels(path, stamp, source)
+    w = None
+    if weights == "area":
+        cells = st_run_cells(path, stamp)
+        area = pd.Series(decide.cell_areas_km2(cells), index=cells["cell_id"].to_numpy())
+        w = area.reindex(run.grid["cell_id"].to_numpy()).fillna(0.0).to_numpy()
+    tab = decide.area_posteriors(model, run.grid[["lon", "lat"]].to_numpy(float), labels, weights=w,
+                                 threshold=threshold, units=units, transform=run.transform, samples=samples)
+    return tab.sort_values("p_below", ascending=False).reset_index(drop=True)
+
+
+@st.cache_data(show_spinner="Drawing joint samples ...", max_entries=8)
+def st_samples(path: str, stamp: float, seed: int, n: int = 4) -> np.ndarray:
+    """``n`` joint posterior samples over the grid (model space), seeded."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    return decide.plausible_maps(st_model(path, stamp), run.grid[["lon", "lat"]].to_numpy(float), n, seed=seed)
+
+
+@st.cache_resource(show_spinner="Choosing where to measure next ...", max_entries=8)
+def st_suggest(path: str, stamp: float, k: int, target: str, threshold: float, units: str, min_km: float):
+    """Greedy suggestions over the grid cells (``gpcore.decide.suggest``) and the target mask used."""
+    from gpcore import decide
+
+    run = st_run_data(path, stamp)
+    model = st_model(path, stamp)
+    X = run.grid[["lon", "lat"]].to_numpy(float)
+    if target == "undecided":
+        mask = decide.undecided_mask(st_exceedance(path, stamp, threshold, units, "below"))
+    elif target.startswith("stratum:"):
+        mask = st_area_labels(path, stamp, "strata") == target.split(":", 1)[1]
+    else:
+        mask = np.ones(len(X), dtype=bool)
+    if not mask.any():
+        return None, mask
+    return decide.suggest(model, X, X[mask], k=k, min_km=min_km), mask

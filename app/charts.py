@@ -10,18 +10,35 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from app.safe_html import html_text
 from gpcore import metrics as M
 
 STRATUM_COLORS = {"metro": "#d62728", "urban": "#d62728", "non-metro": "#1f77b4", "rural": "#1f77b4",
                   "unknown": "#7f7f7f", "all": "#21918c"}
+#: Colours of other strata, assigned in sorted order of their labels (so every chart agrees).
+PALETTE = ["#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79"]
 #: Legend names of the strata: metro / non-metro counties are the urban / rural split (ALGORITHMS.md 7.4).
 DISPLAY = {"metro": "metro (urban)", "non-metro": "non-metro (rural)"}
-LAYOUT = dict(margin=dict(l=10, r=10, t=30, b=10), height=380, legend=dict(orientation="h", y=1.08, x=0))
+LAYOUT = dict(margin=dict(l=10, r=10, t=30, b=10), height=380, legend=dict(orientation="h", y=1.1, x=0))
+#: Chart toolbar: only what helps here (and nothing that covers the legend).
+CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"]}
 
 
-def _color(label: str, i: int) -> str:
-    palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
-    return STRATUM_COLORS.get(str(label).lower(), palette[i % len(palette)])
+def stratum_colors(labels) -> dict[str, str]:
+    """One colour per stratum label for every chart of a page: fixed for urban / rural names, else by sorted label."""
+    out = {}
+    others = sorted({str(v) for v in labels} - set(STRATUM_COLORS))
+    for label in {str(v) for v in labels}:
+        key = label.lower()
+        out[label] = STRATUM_COLORS.get(key) or PALETTE[others.index(label) % len(PALETTE)]
+    return out
+
+
+def ordered_strata(labels) -> list[str]:
+    """Urban before rural, then the rest sorted; ``unknown`` (points outside every stratum) left out."""
+    labels = {str(v) for v in labels}
+    first = [s for s in ("metro", "urban", "non-metro", "rural") if s in labels]
+    return first + sorted(s for s in labels if s not in first and s not in ("unknown", "all"))
 
 
 def test_widths(test: pd.DataFrame) -> pd.Series:
@@ -29,45 +46,65 @@ def test_widths(test: pd.DataFrame) -> pd.Series:
     return pd.Series(M.interval_width(test["var_y"].to_numpy()), index=test.index)
 
 
-def width_violins(test: pd.DataFrame, units: str = "") -> go.Figure:
-    """Violins of the 95 % PI widths per model, split by stratum (urban / rural = metro / non-metro)."""
+def width_violins(test: pd.DataFrame, units: str = "", colors: dict[str, str] | None = None) -> go.Figure:
+    """Violins of the 95 % PI widths per model, split by stratum (urban / rural = metro / non-metro).
+
+    Two strata share each model's violin as left / right halves; three to six strata get one violin each
+    side by side. Every (model, stratum) violin is its own trace drawn to the same width, so neither a
+    small stratum nor a model with near-constant widths squashes the others to a line; each spans its
+    data's range.
+    """
     df = test.assign(width=test_widths(test), stratum=test.get("stratum", "all"))
-    strata = [s for s in ("metro", "urban", "non-metro", "rural") if s in set(df["stratum"])]
-    strata += sorted(s for s in df["stratum"].unique() if s not in strata and s != "unknown")
-    if len(strata) == 0:
+    df["stratum"] = df["stratum"].astype(str)
+    strata = ordered_strata(df["stratum"].unique())
+    if not strata:
         strata = ["all"]
         df = df.assign(stratum="all")
+    colors = colors or stratum_colors(strata)
     fig = go.Figure()
     two = len(strata) == 2
+    models = list(dict.fromkeys(df["model"]))
     for i, s in enumerate(strata):
-        part = df[df["stratum"] == s]
-        fig.add_trace(
-            go.Violin(
-                x=part["model"], y=part["width"], name=DISPLAY.get(str(s), str(s)), legendgroup=str(s),
-                scalegroup=str(s),
-                side=("negative" if i == 0 else "positive") if two else None,
-                line_color=_color(s, i), meanline_visible=True, points=False, spanmode="hard",
+        for j, model in enumerate(models):
+            # one trace per (model, stratum): plotly scales the violins of one trace together, so a model
+            # with near-constant widths (SVGP) would squash every other model's violin to a line
+            part = df[(df["stratum"] == s) & (df["model"] == model)]
+            if part.empty:
+                continue
+            fig.add_trace(
+                go.Violin(
+                    x=part["model"], y=part["width"], name=html_text(DISPLAY.get(s, s)), legendgroup=s,
+                    showlegend=j == 0, offsetgroup=s, side=("negative" if i == 0 else "positive") if two else "both",
+                    line_color=colors.get(s, PALETTE[i % len(PALETTE)]), meanline_visible=True, points=False,
+                    spanmode="hard", scalemode="width", width=0.9 if two else 0,
+                )
             )
-        )
-    fig.update_layout(violinmode="overlay" if two else "group", violingap=0.15,
-                      yaxis_title=f"95% PI width ({units})" if units else "95% PI width", **LAYOUT)
+    lo, hi = (float(np.nanmin(df["width"])), float(np.nanmax(df["width"]))) if len(df) else (0.0, 1.0)
+    pad = 0.08 * (hi - lo or 1.0)
+    fig.update_layout(violinmode="overlay" if two else "group", violingap=0.25, violingroupgap=0.05,
+                      yaxis=dict(title=f"95% PI width ({units})" if units else "95% PI width",
+                                 range=[max(lo - pad, 0.0), hi + pad]), **LAYOUT)
     return fig
 
 
-def coverage_bars(metrics: pd.DataFrame, target: float = 0.95) -> go.Figure:
-    """Coverage of the 95 % interval per model and stratum, with the target line."""
+def coverage_bars(metrics: pd.DataFrame, target: float = 0.95, colors: dict[str, str] | None = None) -> go.Figure:
+    """Coverage of the 95 % interval per model and stratum, with the target line in context (80-100 %)."""
     fig = go.Figure()
-    groups = [g for g in metrics["group"].unique() if g != "unknown"]
-    for i, g in enumerate(groups):
+    groups = ["all", *ordered_strata(metrics["group"].unique())] if "all" in set(metrics["group"]) else \
+        ordered_strata(metrics["group"].unique())
+    colors = {**(colors or stratum_colors(groups)), "all": STRATUM_COLORS["all"]}
+    for g in groups:
         part = metrics[metrics["group"] == g]
-        fig.add_trace(go.Bar(x=part["model"], y=part["coverage"], name=DISPLAY.get(str(g), str(g)),
-                             marker_color=_color(g, i),
+        fig.add_trace(go.Bar(x=part["model"], y=part["coverage"], name=html_text(DISPLAY.get(str(g), str(g))),
+                             marker_color=colors.get(str(g)), cliponaxis=False,
                              text=[f"{100 * v:.1f}%" for v in part["coverage"]], textposition="outside"))
-    fig.add_hline(y=target, line_dash="dash", line_color="black", annotation_text="95% target",
-                  annotation_position="bottom right")
+    fig.add_hline(y=target, line_dash="dash", line_color="black")
+    fig.add_annotation(x=1.0, xref="paper", xanchor="left", y=target, yref="y", text=f"{100 * target:.0f}% target",
+                       showarrow=False, font=dict(size=11))
     lo = float(np.nanmin(metrics["coverage"])) if len(metrics) else 0.8
-    yaxis = dict(title="coverage", tickformat=".0%", range=[min(lo - 0.05, 0.85), 1.02])
-    fig.update_layout(barmode="group", yaxis=yaxis, **LAYOUT)
+    yaxis = dict(title="coverage of the 95% interval", tickformat=".0%", range=[min(lo - 0.03, 0.8), 1.04])
+    layout = {**LAYOUT, "margin": dict(l=10, r=78, t=30, b=10)}  # room for the target's label right of the plot
+    fig.update_layout(barmode="group", yaxis=yaxis, uniformtext=dict(minsize=8, mode="hide"), **layout)
     return fig
 
 

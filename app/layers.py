@@ -1,16 +1,11 @@
-"""deck.gl map specs for ``st.pydeck_chart``, built as JSON strings so big parts are made once.
+"""deck.gl map specs for ``st.pydeck_chart`` (the measurement maps), built as JSON strings.
 
-Every grid map is two layers (the picking pattern that keeps colours true):
-
-* a ``BitmapLayer`` with the colours (a palette PNG from :mod:`app.raster`); deck.gl's
-  selection styling in Streamlit never touches bitmap layers, so colours stay exact;
-* a transparent, pickable ``ColumnLayer`` of square cells carrying the tooltip fields
-  (cell id, mean, interval, width). Its JSON is serialised once per run and spliced in.
-
-Outlines (region, strata) are ``GeoJsonLayer`` line layers; the reference point is a ring.
-:class:`PrebuiltDeck` hands the finished JSON to ``st.pydeck_chart`` without re-serialising.
-With no network there is no basemap (``map_provider=None``); ``basemap=True`` asks for
-Carto's light tiles. No Streamlit here.
+Measurements are a ``ScatterplotLayer`` of coloured dots with tooltips, outlines (region, strata)
+are ``GeoJsonLayer`` line layers. :class:`PrebuiltDeck` hands the finished JSON to
+``st.pydeck_chart`` without re-serialising. With no network there is no basemap
+(``map_provider=None``); ``basemap=True`` asks for Carto's light tiles. The grid maps (mean, width,
+kernel slice) are the grid-map component (:mod:`app.gridmap`); :func:`view_for_bounds` and
+:func:`fit_height` serve both. No Streamlit here.
 """
 
 from __future__ import annotations
@@ -85,54 +80,6 @@ def fit_height(bounds, width_px: int, lo: int = 240, hi: int = 560) -> int:
     return int(min(max(width_px * aspect * 1.3, lo), hi))
 
 
-def cells_json(cell_id, lon, lat, fields: dict[str, np.ndarray] | None = None, decimals: int = 5) -> str:
-    """JSON array of cell objects ``{"id", "p": [lon, lat], **fields}`` (fields pre-formatted strings)."""
-    ids = [str(c) for c in np.asarray(cell_id)]
-    lo = np.round(np.asarray(lon, float), decimals).tolist()
-    la = np.round(np.asarray(lat, float), decimals).tolist()
-    cols = {k: [str(v) for v in np.asarray(vals)] for k, vals in (fields or {}).items()}
-    keys = list(cols)
-    rows = [
-        {"id": ids[i], "p": [lo[i], la[i]], **{k: cols[k][i] for k in keys}} for i in range(len(ids))
-    ]
-    return json.dumps(rows, separators=(",", ":"))
-
-
-def bitmap_layer(layer_id: str, image: str, bounds, opacity: float = 1.0) -> dict:
-    W, S, E, N = (float(v) for v in bounds)
-    return {
-        "@@type": "BitmapLayer",
-        "id": layer_id,
-        "image": image,
-        "bounds": [W, S, E, N],
-        "opacity": opacity,
-        "pickable": False,
-        "textureParameters": {"minFilter": "nearest", "magFilter": "nearest"},
-    }
-
-
-def pick_layer(layer_id: str, data: Raw, radius_m: float) -> dict:
-    """Transparent square cells (``ColumnLayer`` with 4 vertices at 45 degrees) for hover and click.
-
-    The fill alpha is 1/255, not 0: deck.gl's ColumnLayer discards fully transparent fragments,
-    also in its picking pass, so alpha 0 would make the cells unpickable.
-    """
-    return {
-        "@@type": "ColumnLayer",
-        "id": layer_id,
-        "data": data,
-        "getPosition": "@@=p",
-        "diskResolution": 4,
-        "angle": 45,
-        "radius": float(radius_m),
-        "extruded": False,
-        "getFillColor": [255, 255, 255, 1],
-        "pickable": True,
-        "autoHighlight": True,
-        "highlightColor": [255, 255, 255, 90],
-    }
-
-
 def outline_layer(layer_id: str, geojson: dict | Raw, color=(40, 40, 40), width_px: float = 1.2) -> dict:
     return {
         "@@type": "GeoJsonLayer",
@@ -145,25 +92,6 @@ def outline_layer(layer_id: str, geojson: dict | Raw, color=(40, 40, 40), width_
         "getLineWidth": width_px,
         "pickable": False,
     }
-
-
-def marker_layer(layer_id: str, lon: float, lat: float) -> list[dict]:
-    """A black-and-white ring at ``(lon, lat)`` (two stroked circles, visible on any colour)."""
-    data = [{"p": [float(lon), float(lat)]}]
-    ring = {
-        "@@type": "ScatterplotLayer",
-        "data": data,
-        "getPosition": "@@=p",
-        "radiusUnits": "pixels",
-        "stroked": True,
-        "filled": False,
-        "lineWidthUnits": "pixels",
-        "pickable": False,
-    }
-    return [
-        {**ring, "id": f"{layer_id}-outer", "getRadius": 11, "getLineWidth": 4, "getLineColor": [255, 255, 255, 255]},
-        {**ring, "id": f"{layer_id}-inner", "getRadius": 11, "getLineWidth": 2, "getLineColor": [0, 0, 0, 255]},
-    ]
 
 
 def points_layer(layer_id: str, data: Raw, radius_px: float = 1.6) -> dict:
@@ -233,8 +161,3 @@ def tooltip(html: str) -> dict:
     return {"html": html, "style": TOOLTIP_STYLE}
 
 
-def cell_radius_m(half_w_deg: float, half_h_deg: float, lat: float) -> float:
-    """``ColumnLayer`` radius (metres) of a square covering a cell with these half sizes."""
-    w = 2 * half_w_deg * 111_320.0 * math.cos(math.radians(lat))
-    h = 2 * half_h_deg * 110_574.0
-    return max(w, h) / math.sqrt(2)

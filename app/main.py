@@ -19,14 +19,17 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ on the pa
 
 import streamlit as st  # noqa: E402
 
-from app import state  # noqa: E402
+from app import server_settings, state  # noqa: E402
 from app.jobs import configure_torch_threads  # noqa: E402
+from app.safe_html import md_text  # noqa: E402
 from app.sidebar import active_data, render_sidebar  # noqa: E402
+from gpcore.errors import GPCoreError  # noqa: E402
 
 PAGES = Path(__file__).resolve().parent / "app_pages"
 ASSETS = ROOT / "assets"
 
 st.set_page_config(page_title="Uncertainty Atlas", page_icon=str(ASSETS / "logo.svg"), layout="wide")
+server_settings.enforce()  # no tracebacks to browsers; refuse to serve on an unsafe server (see its docstring)
 css = ASSETS / "style.css"
 if css.is_file():
     st.html(f"<style>{css.read_text()}</style>")
@@ -39,6 +42,7 @@ page = st.navigation(
         st.Page(PAGES / "train.py", title="Train", icon=":material/model_training:", url_path="train"),
         st.Page(PAGES / "maps.py", title="Maps", icon=":material/map:", url_path="maps"),
         st.Page(PAGES / "compare.py", title="Compare", icon=":material/leaderboard:", url_path="compare"),
+        st.Page(PAGES / "decide.py", title="Decide", icon=":material/rule:", url_path="decide"),
         st.Page(PAGES / "export.py", title="Export", icon=":material/download:", url_path="export"),
     ]
 )
@@ -46,6 +50,8 @@ st.session_state.ua_data = active_data()
 st.session_state.ua_runs = render_sidebar(st.session_state.ua_data)
 try:
     page.run()
+except GPCoreError as exc:  # a damaged run or file: say which, keep the sidebar (pick another run)
+    st.error(f"This page cannot be shown: {md_text(exc)}")
 finally:  # also after st.stop() on a page
     state.sync_query()
     # server time of this script run (read by benchmarks/bench_app.py)

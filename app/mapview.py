@@ -5,26 +5,12 @@ Everything heavy comes from :mod:`app.cache`; this module only assembles specs a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from app import cache
 from app import layers as L
 from app.colors import ColorScale, format_number, robust_limits
-
-GRID_TOOLTIP = (
-    "<b>cell {id}</b><br/>mean {m} {u}<br/>95% interval [{lo}, {hi}] {u}<br/>width {w} {u} ({wt} {tu})"
-)
-
-
-@dataclass
-class MapLayer:
-    """What a legend needs besides the deck."""
-
-    deck: L.PrebuiltDeck
-    scale: ColorScale
-    title: str
+from app.safe_html import html_text
 
 
 def inverse_label(transform) -> callable:
@@ -65,24 +51,35 @@ def outline_layers(region_json: str | None, strata: list[tuple[str, str, tuple]]
     return out
 
 
-def grid_deck(run: cache.RunData, key: tuple[str, float], image_url: str, *, pickable: bool,
-              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560) -> L.PrebuiltDeck:
-    """Colour bitmap + (optional) transparent pickable cells + outlines + x_ref marker."""
+def outline_specs(region_json: str | None, strata: list[tuple[str, str, tuple]] | None) -> list[dict]:
+    """Outlines for :func:`app.gridmap.grid_map`: ``{"geojson": text, "color": [r, g, b, a], "width": px}``."""
+    out = []
+    if region_json:
+        out.append({"geojson": region_json, "color": [60, 60, 60, 220], "width": 1.0})
+    for _, text, rgb in strata or []:
+        out.append({"geojson": text, "color": [*rgb, 220], "width": 1.3})
+    return out
+
+
+def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, widget_key: str, clickable: bool,
+              outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560, on_change=None,
+              labels: list[dict] | None = None, hint: str | None = None):
+    """A grid map (colour bitmap, outlines, x_ref marker) as the grid-map component; returns its last click.
+
+    ``clickable`` maps carry the cell lookup: hover tooltips (cell id, mean, interval, width) and a click
+    anywhere on a cell returns that cell, however many cells the grid has.
+    """
+    from app import gridmap
+
     raster = cache.st_raster(*key)
-    layers = [L.bitmap_layer("colour", image_url, raster.bounds)]
-    tip = None
-    if pickable:
-        radius = L.cell_radius_m(run.half_w, run.half_h, float(np.median(run.grid["lat"])))
-        layers.append(L.pick_layer("cells", L.Raw(cache.st_cells_json(*key)), radius))
-        tip = L.tooltip(
-            GRID_TOOLTIP.replace("{u}", run.units or "").replace("{tu}", run.t_units or "")
-        )
-    layers += outlines
-    if xref is not None:
-        layers += L.marker_layer("xref", *xref)
     height = L.fit_height(run.bounds, width_px)
     view = L.view_for_bounds(run.bounds, width_px=width_px, height_px=height)
-    return L.PrebuiltDeck(L.deck_spec(layers, view, basemap=basemap), tooltip=tip, height=height)
+    return gridmap.grid_map(
+        image=image_url, bounds=raster.bounds, view=view, height=height, outlines=outlines, key=widget_key,
+        view_key=f"{run.run_id}:{width_px}", marker=xref, lookup=cache.st_grid_lookup(*key) if clickable else None,
+        basemap=basemap, clickable=clickable, on_change=on_change,
+        hint=hint if hint is not None else ("Click a cell to set x_ref" if clickable else ""), labels=labels,
+    )
 
 
 def points_deck(data: cache.LoadedData, scale: ColorScale, outlines: list[dict], basemap: bool = False,
@@ -97,7 +94,7 @@ def points_deck(data: cache.LoadedData, scale: ColorScale, outlines: list[dict],
         (w, e), (s, n) = np.quantile(lon, q), np.quantile(lat, q)
         bounds = (float(w), float(s), float(e), float(n))
     unit = data.units
-    tip_lines = [f"<b>{data.spec.y}</b> {{v}} {unit}"]
+    tip_lines = [f"<b>{html_text(data.spec.y)}</b> {{v}} {html_text(unit)}"]
     if "stratum" in f.columns:
         tip_lines.append("stratum {s}")
     tip = L.tooltip("<br/>".join(tip_lines))
@@ -129,3 +126,23 @@ def slice_scale(values: np.ndarray, mode: str) -> ColorScale:
     hi = 1.0 if mode != "kernel" else m
     lo = max(float(np.quantile(v, 0.005)), 0.0) if v.size else 0.0
     return ColorScale("magma", lo if lo < hi else 0.0, hi)
+
+
+def default_threshold(run: cache.RunData) -> float:
+    """35 Mbps for mobile download speeds (the FCC's 5G-NR mobile benchmark since 2024), 100 Mbps for fixed,
+    else the median of the posterior mean (original units)."""
+    y = run.target.lower()
+    if run.units == "Mbps" and "download" in y:
+        label = (run.manifest.get("label", "") + " " + run.config.get("data", "")).lower()
+        return 100.0 if "fixed" in label else 35.0
+    return float(np.round(np.median(run.grid["mean"].to_numpy()), 3))
+
+
+def threshold_of(run: cache.RunData, ss) -> float:
+    """The session's threshold (``ua_threshold``, set on the Decide page) or the run's default."""
+    t = ss.get("ua_threshold")
+    return float(t) if t is not None else default_threshold(run)
+
+
+def exceed_title(run: cache.RunData, t: float, direction: str = "below") -> str:
+    return f"P({run.target} {direction} {format_number(t)} {run.units})".replace(" )", ")")

@@ -5,16 +5,19 @@ from __future__ import annotations
 import streamlit as st
 
 from app import cache, state
+from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
 
 
 def active_data():
     """The active :class:`~app.cache.LoadedData`; on failure fall back to the default sample (with an error)."""
     ss = st.session_state
+    if ss.get("ua_url_error"):
+        st.error(f"The data set in the link could not be loaded: {md_text(ss.pop('ua_url_error'))}")
     try:
         return cache.st_load_dataset(state.dataset())
     except GPCoreError as exc:
-        st.error(f"The data set in the link could not be loaded: {exc}")
+        st.error(f"The data set in the link could not be loaded: {md_text(exc)}")
         state.set_dataset(state.DatasetSpec.for_sample(state.DEFAULT_SAMPLE))
         ss.ua_xref = None
         return cache.st_load_dataset(state.dataset())
@@ -34,7 +37,7 @@ def render_sidebar(data) -> list:
     from gpcore.store import default_store_dir
 
     ss = st.session_state
-    runs = cache.list_runs()
+    runs, skipped = cache.list_runs_checked()
     ids = [r.run_id for r in runs]
     if ss.get("ua_run") not in ids:
         ss.ua_run = choose_default_run(runs, data.data_hash)
@@ -45,7 +48,7 @@ def render_sidebar(data) -> list:
         st.markdown("**Data set**")
         tr = data.spec.transform
         st.markdown(
-            f"{data.spec.label()}  \n`{data.spec.y}`"
+            f"{md_text(data.spec.label())}  \n{md_code(data.spec.y)}"
             + (f" ({tr})" if tr != "identity" else "")
             + f" · {data.n:,} rows"
         )
@@ -60,14 +63,20 @@ def render_sidebar(data) -> list:
             )
             with st.expander("All runs", expanded=False):
                 for r in runs[:30]:
-                    st.markdown(f"- {titles[r.run_id]}")
+                    st.markdown(f"- {md_text(titles[r.run_id])}")
         else:
             st.caption("No runs yet: train one on the Train page.")
+        if skipped:
+            names = ", ".join(md_code(run_id) for run_id, _ in skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+            st.warning(f"{len(skipped)} run(s) skipped (malformed run.json): {names}")
+            with st.expander("Why", expanded=False):
+                for _, reason in skipped[:20]:
+                    st.caption(md_text(reason))
         st.markdown("**Device**")
         st.markdown(describe_device("auto"))
         job = ss.get("ua_job")
         if job is not None and not job.done:
-            st.info(f"Training {job.label}: {job.stage}")
+            st.info(f"Training {md_text(job.label)}: {md_text(job.stage)}")
         st.caption(f"Run store: `{default_store_dir()}`")
     return runs
 

@@ -7,7 +7,8 @@ drops when a page stops drawing the widget):
   ``transform``, ``strata``, ``lon``, ``lat``, ``weight``, ``time``);
 * ``ua_run`` / ``ua_run2`` — the run shown on Maps / Export and the optional second run (``run``, ``run2``);
 * ``ua_xref`` — the kernel-slice reference point ``(lon, lat)`` (``xref=lon,lat``);
-* ``ua_map`` — which map is shown (``map=mean|width|data``).
+* ``ua_map`` — which map is shown (``map=mean|width|data|exceed``);
+* ``ua_threshold`` — the Decide page's threshold in original units (also drawn as P(below) on Maps).
 
 :func:`init_session` reads the URL once per session; :func:`sync_query` writes the state back
 after every run, so a copied URL reopens the same view.
@@ -16,14 +17,18 @@ after every run, so a copied URL reopens the same view.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import streamlit as st
 
+from gpcore.errors import GPCoreError
+
 DEFAULT_SAMPLE = "puerto_rico"
-MAP_KINDS = ("mean", "width", "data")
+MAP_KINDS = ("mean", "width", "data", "exceed")
 UPLOAD_PREFIX = "upload:"
 SAMPLE_PREFIX = "sample:"
 
@@ -90,7 +95,8 @@ class DatasetSpec:
         return RunConfig(**fields)
 
     def _strata_arg(self) -> str | None:
-        if self.strata and self.strata.startswith("polygons:" + UPLOAD_PREFIX):
+        """The RunConfig ``strata``: polygon layers only as ``upload:`` or ``file:`` references (never a bare path)."""
+        if self.strata and self.strata.startswith("polygons:"):
             return "polygons:" + str(source_path(self.strata[len("polygons:") :]))
         return self.strata
 
@@ -107,11 +113,14 @@ class DatasetSpec:
 
     @classmethod
     def from_query(cls, qp) -> DatasetSpec | None:
+        """The spec a URL names (None without ``data``). URL parameters may name bundled samples and
+        uploads only: any other data source or polygon layer raises :class:`DataError` (never a server path)."""
         source = qp.get("data")
         if not source:
             return None
-        if not (source.startswith(SAMPLE_PREFIX) or source.startswith(UPLOAD_PREFIX)):
-            return None
+        check_url_reference("data", source)
+        if qp.get("strata"):
+            check_url_reference("strata", qp.get("strata"))
         base = cls.for_sample(source[len(SAMPLE_PREFIX) :]) if source.startswith(SAMPLE_PREFIX) else cls(source=source)
         changes = {}
         for key in ("quarter", "y", "transform", "lon", "lat", "weight", "time", "strata"):
@@ -153,18 +162,81 @@ def uploads_dir() -> Path:
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_UPLOAD_REF = re.compile(r"[0-9a-f]{16}/[A-Za-z0-9_.-]{1,200}")
+
+
+#: Longest stored upload name (file systems allow 255 bytes; the suffix is kept).
+MAX_UPLOAD_NAME = 120
+#: Uploads kept in ``_uploads`` (MB, newest kept; ``UA_UPLOAD_CACHE_MB`` overrides).
+UPLOAD_CACHE_MB = 2048
+
+
+def safe_upload_name(name: str) -> str:
+    """A file name made of ``[A-Za-z0-9_.-]``, at most :data:`MAX_UPLOAD_NAME` characters, suffix kept."""
+    safe = _SAFE.sub("_", Path(str(name)).name).strip("._") or "upload"
+    if len(safe) > MAX_UPLOAD_NAME:
+        stem, dot, suffix = safe.rpartition(".")
+        suffix = suffix[:16] if dot and stem else ""
+        safe = safe[: MAX_UPLOAD_NAME - len(suffix) - 1].rstrip("._") + ("." + suffix if suffix else "")
+    return safe
 
 
 def save_upload(name: str, data: bytes) -> str:
-    """Store uploaded bytes once (by content digest); return the ``upload:<digest>/<name>`` reference."""
+    """Store uploaded bytes once (by content digest); return the ``upload:<digest>/<name>`` reference.
+
+    The store is a size-capped cache (:func:`prune_uploads`); a file that fails validation is removed
+    again with :func:`discard_upload`.
+    """
     digest = hashlib.sha256(data).hexdigest()[:16]
-    safe = _SAFE.sub("_", Path(name).name).strip("._") or "upload"
+    safe = safe_upload_name(name)
     folder = uploads_dir() / digest
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / safe
     if not path.exists():
-        path.write_bytes(data)
+        tmp = folder / f".{safe}.{os.getpid()}.part"
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        prune_uploads(keep=folder)
+    else:
+        os.utime(folder)  # recently used: kept longest
     return f"{UPLOAD_PREFIX}{digest}/{safe}"
+
+
+def discard_upload(ref: str) -> None:
+    """Remove an upload that failed validation (its folder, when nothing else is in it)."""
+    try:
+        path = resolve_upload(ref)
+    except GPCoreError:
+        return
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:
+        pass
+
+
+def prune_uploads(keep: Path | None = None, cap_mb: float | None = None) -> list[str]:
+    """Delete the least recently used upload folders until ``_uploads`` fits the cap; returns their digests."""
+    cap = float(os.environ.get("UA_UPLOAD_CACHE_MB", UPLOAD_CACHE_MB) if cap_mb is None else cap_mb) * 1024**2
+    root = uploads_dir()
+    if not root.is_dir():
+        return []
+    folders = []
+    for p in root.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            size = sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+            folders.append((p.stat().st_mtime, size, p))
+    total = sum(s for _, s, _ in folders)
+    removed = []
+    for _, size, p in sorted(folders, key=lambda t: t[0]):
+        if total <= cap:
+            break
+        if keep is not None and p == keep:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        total -= size
+        removed.append(p.name)
+    return removed
 
 
 def source_path(source: str) -> Path:
@@ -172,6 +244,33 @@ def source_path(source: str) -> Path:
     if source.startswith("file:"):
         return Path(source[len("file:") :])
     return resolve_upload(source)
+
+
+def check_url_reference(param: str, value: str) -> None:
+    """The path policy of URL parameters: ``data`` names a bundled sample or an upload; ``strata`` is
+    ``county_metro``, ``column:<NAME>`` or ``polygons:upload:<digest>/<name>``. Anything else (a server
+    path, ``file:``) raises :class:`DataError` without touching the file system."""
+    from gpcore.data import SAMPLES
+    from gpcore.errors import DataError
+
+    if param == "data":
+        if value.startswith(SAMPLE_PREFIX) and value[len(SAMPLE_PREFIX) :] in SAMPLES:
+            return
+        if value.startswith(UPLOAD_PREFIX) and _UPLOAD_REF.fullmatch(value[len(UPLOAD_PREFIX) :]):
+            return
+        raise DataError(
+            f"the link's data={value[:80]!r} is not allowed: a link may name a bundled sample "
+            f"({', '.join(SAMPLE_PREFIX + k for k in SAMPLES)}) or an uploaded file (upload:<digest>/<name>)"
+        )
+    if value == "county_metro" or value.startswith("column:"):
+        return
+    ref = value[len("polygons:") :] if value.startswith("polygons:") else ""
+    if ref.startswith(UPLOAD_PREFIX) and _UPLOAD_REF.fullmatch(ref[len(UPLOAD_PREFIX) :]):
+        return
+    raise DataError(
+        f"the link's strata={value[:80]!r} is not allowed: use county_metro, column:<NAME> or an uploaded "
+        "polygon layer (polygons:upload:<digest>/<name>)"
+    )
 
 
 def resolve_upload(ref: str) -> Path:
@@ -184,7 +283,7 @@ def resolve_upload(ref: str) -> Path:
         raise DataError(f"'{ref}' is not an uploaded file reference")
     path = uploads_dir() / digest / name
     if not path.is_file():
-        raise DataError(f"the uploaded file '{name}' is no longer in {path.parent}; upload it again")
+        raise DataError(f"the uploaded file '{name}' is no longer on the server; upload it again")
     return path
 
 
@@ -216,7 +315,11 @@ def init_session() -> None:
     if ss.get("ua_initialised"):
         return
     qp = st.query_params
-    ss.ua_dataset = DatasetSpec.from_query(qp) or DatasetSpec.for_sample(DEFAULT_SAMPLE)
+    try:
+        ss.ua_dataset = DatasetSpec.from_query(qp) or DatasetSpec.for_sample(DEFAULT_SAMPLE)
+    except GPCoreError as exc:  # the URL names something links may not (see check_url_reference)
+        ss.ua_url_error = str(exc)
+        ss.ua_dataset = DatasetSpec.for_sample(DEFAULT_SAMPLE)
     ss.ua_run = qp.get("run") or None
     ss.ua_run2 = qp.get("run2") or None
     ss.ua_xref = parse_xref(qp.get("xref"))
@@ -255,8 +358,9 @@ _MISSING = object()
 def bound(widget, label: str, *args, state_key: str, key: str, valid=lambda v: True, **kwargs):
     """Draw ``widget(label, *args, key=key, ...)`` bound to the canonical session key ``state_key``.
 
-    One source of truth per value: the user's change reaches the canonical key (and the URL) in the
-    widget's ``on_change`` callback, which Streamlit runs *before* the script reruns, so nothing can
+    One source of truth per value: the user's change reaches the canonical key in the widget's
+    ``on_change`` callback (and the URL at the end of the rerun: query parameters set inside a callback
+    do not reach the browser), which Streamlit runs *before* the script reruns, so nothing can
     overwrite it. The widget is seeded from the canonical key only when they differ — on its first draw
     on a page (Streamlit drops a widget's key when a page stops drawing it) or after another widget
     bound to the same value (the sidebar's and the Maps page's run selectors) changed it. A value the
@@ -273,8 +377,7 @@ def bound(widget, label: str, *args, state_key: str, key: str, valid=lambda v: T
         if value is None and ss.get(state_key) is not None:
             ss[key] = ss[state_key]  # a click on the selected option of a segmented control
             return
-        ss[state_key] = value
-        sync_query()
+        ss[state_key] = value  # the URL follows at the end of this rerun (main.py: sync_query)
 
     value = widget(label, *args, key=key, on_change=changed, **kwargs)
     if value is None:

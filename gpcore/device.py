@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from gpcore.errors import ConfigError
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -22,7 +24,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was requested but no CUDA GPU is available; use device='auto' or 'cpu'")
+        raise ConfigError("device='cuda' was requested but no CUDA GPU is available; use device='auto' or 'cpu'")
     return dev
 
 
@@ -32,7 +34,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {sorted(DTYPES)}") from None
+        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {sorted(DTYPES)}") from None
 
 
 def describe_device(device: str | torch.device = "auto") -> str:

@@ -44,7 +44,7 @@ is the weighted average of the ``W`` shard gradients -- single-process SoftKI wi
 ``b / W`` and gradient accumulation over ``W`` batches. Models that need all the data per step and
 have no statistics to reduce (exact GP, CaGP) refuse to train distributed.
 
-Data that does not fit one process: :func:`fit_sharded` trains on per-rank shards (each rank
+Data that does not fit one process: :func:`gpcore.sharded.fit_sharded` trains on per-rank shards (each rank
 passes only its own rows, e.g. read lazily with :mod:`gpcore.data.parquet_stream`), with global
 input/target scalers from all-reduced moments. Full-batch statistics are then exact; mini-batches
 are drawn per rank (a rank-seeded permutation of its rows cut into ``ceil(n / batch_size)``
@@ -57,21 +57,19 @@ import contextlib
 import datetime
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from gpcore.errors import ConfigError, InputError
+from gpcore.errors import ConfigError
 
 __all__ = [
     "DistContext",
     "batch_max",
     "current",
-    "fit_sharded",
     "init_distributed",
     "is_active",
     "local_grad_scale",
@@ -94,7 +92,7 @@ class DistContext:
     device : the device this process trains on (``cuda:LOCAL_RANK`` with NCCL, else CPU).
     group : process group used by the model-level reductions (:func:`batch_max`,
         :func:`reduce_stats_`); separate from DDP's so their collectives never interleave.
-    sharded : the data handed to ``fit`` is this rank's shard (:func:`fit_sharded`), not a copy
+    sharded : the data handed to ``fit`` is this rank's shard (:func:`gpcore.sharded.fit_sharded`), not a copy
         of the full training set.
     """
 
@@ -575,130 +573,3 @@ def _split_sizes(n: int, k: int) -> list[int]:
     q, r = divmod(n, k)
     return [q + 1 if i < r else q for i in range(k)]
 
-
-# --------------------------------------------------------------------------------------------
-# fitting on per-rank shards
-# --------------------------------------------------------------------------------------------
-
-
-def _global_scalers(ctx: DistContext, X: np.ndarray, y: np.ndarray):
-    """Training bounds, target mean and (population) sd over all ranks' rows."""
-    import torch.distributed as dist
-
-    d = X.shape[1]
-    dev = _comm_device(ctx)
-    big = np.finfo(np.float64).max
-    lo = torch.tensor(X.min(axis=0) if len(X) else np.full(d, big), dtype=torch.float64, device=dev)
-    hi = torch.tensor(X.max(axis=0) if len(X) else np.full(d, -big), dtype=torch.float64, device=dev)
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=ctx.group)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=ctx.group)
-    s = torch.tensor([float(y.sum()), float(len(y))], dtype=torch.float64, device=dev)
-    dist.all_reduce(s, op=dist.ReduceOp.SUM, group=ctx.group)
-    n = int(s[1].item())
-    mean = float(s[0]) / max(n, 1)
-    ss = torch.tensor([float(((y - mean) ** 2).sum())], dtype=torch.float64, device=dev)
-    dist.all_reduce(ss, op=dist.ReduceOp.SUM, group=ctx.group)
-    sd = math.sqrt(float(ss[0]) / max(n, 1))
-    return lo.cpu().numpy(), hi.cpu().numpy(), mean, sd, n
-
-
-def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None = None, ctx: DistContext | None = None,
-                *, weights=None, val_weights=None):
-    """``model.fit`` where every rank passes only *its own* rows (``X``, ``y``; optional validation rows).
-
-    Scalers come from all-reduced moments, so every rank scales identically; the initial
-    parameters are rank 0's. Full-batch statistics (exact DBK-MML) are exact over all rows.
-    Returns the fitted model (identical on every rank). The callback runs on rank 0 only.
-    ``weights`` / ``val_weights``: this rank's rows' per-observation weights (as in ``GPModel.fit``).
-    """
-    from gpcore.models.base import as_1d_float, as_2d_float, as_weights
-    from gpcore.train import train
-
-    ctx = ctx or _CURRENT
-    if ctx is None:
-        raise ConfigError("fit_sharded needs a distributed context: ctx = init_distributed()")
-    X = as_2d_float(X, "X")
-    y = as_1d_float(y, X.shape[0], "y")
-    if X.shape[0] == 0:
-        raise InputError(f"rank {ctx.rank} got no training rows; give every rank at least one row")
-    if X_val is None or y_val is None:
-        X_val, y_val = np.empty((0, X.shape[1])), np.empty(0)
-    X_val = as_2d_float(X_val, "X_val", d=X.shape[1]).reshape(-1, X.shape[1])
-    y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
-    w = None if weights is None else as_weights(weights, X.shape[0], "weights")
-    wv = None
-    if w is not None:
-        wv = as_weights(np.ones(0) if val_weights is None else val_weights, X_val.shape[0], "val_weights")
-    torch.manual_seed(model.config.seed)
-    np.random.seed(model.config.seed)
-    lo, hi, mean, sd, n = _global_scalers(ctx, X, y)
-    if n < 2:
-        raise InputError(f"need at least 2 training points over all ranks, got {n}")
-    span = np.where(hi - lo > 0, hi - lo, 1.0)
-    model.d_ = X.shape[1]
-    model.n_train_ = n
-    model.x_lo_, model.x_span_ = lo, span
-    model.y_mean_ = mean
-    model.y_std_ = sd if sd > 0 else 1.0
-    Xs, ys = model.scale_x(X), model.scale_y(y)
-    import torch.distributed as dist
-
-    nv = torch.tensor([float(len(y_val))], dtype=torch.float64, device=_comm_device(ctx))
-    dist.all_reduce(nv, group=ctx.group)  # every rank must agree on whether there is validation data
-    Xv, yv = (model.scale_x(X_val), model.scale_y(y_val)) if nv.item() > 0 else (None, None)
-    model.module_ = model._build(model.d_, Xs, ys).to(device=model.device, dtype=model.dtype)
-    ws = wvs = None
-    if w is not None:
-        model._add_nugget()
-        ws = model._to_tensor(w)
-        wvs = model._to_tensor(wv) if Xv is not None else None
-    broadcast_module(model.module_, ctx)
-    import time
-
-    t0 = time.perf_counter()
-    with session(ctx, sharded=True):
-        model.history_, model.train_info_ = train(model, Xs, ys, Xv, yv, callback, ws=ws, wv=wvs)
-        model.finalize(Xs, ys, ws)
-    model.train_info_["fit_seconds"] = time.perf_counter() - t0
-    model.train_info_["world_size"] = ctx.world_size
-    model.fitted_ = True
-    return model
-
-
-# --------------------------------------------------------------------------------------------
-# runs (``python -m gpcore fit ... --distributed``)
-# --------------------------------------------------------------------------------------------
-
-
-def execute_run_distributed(cfg, out_dir, callback=None, log=None):
-    """:func:`gpcore.runs.execute_run` under torchrun: every rank loads the data and trains its shard
-    of each global batch; rank 0 alone evaluates, predicts the grid and writes the run directory.
-
-    Returns the run directory on rank 0 and ``None`` on the other ranks. The non-zero ranks make
-    the same ``fit`` call as ``execute_run`` (training rows, validation rows, model settings).
-    """
-    from gpcore.models.base import make_model
-    from gpcore.runs import execute_run, prepare, run_model_settings
-
-    ctx = init_distributed()
-    try:
-        prep = prepare(cfg)
-        with session(ctx):
-            if ctx.is_main:
-                if log is not None:
-                    log(f"distributed training: {ctx.world_size} processes, backend {ctx.backend}")
-                return execute_run(cfg, out_dir, callback=callback, prepared=prep, log=log)
-            model = make_model(cfg.model, **run_model_settings(cfg, prep))
-            check_supported(model)
-            w, st = prep.weights, prep.strata
-            model.fit(
-                prep.X[prep.train_idx],
-                prep.y[prep.train_idx],
-                prep.X[prep.val_idx],
-                prep.y[prep.val_idx],
-                **({} if w is None else {"weights": w[prep.train_idx], "val_weights": w[prep.val_idx]}),
-                **({} if st is None else {"groups": st[prep.train_idx], "val_groups": st[prep.val_idx]}),
-            )
-            return None
-    finally:
-        shutdown()

@@ -296,7 +296,7 @@ class TableSink:
 
                 self._w = pq.ParquetWriter(str(self.path), table.schema, compression="zstd")
         if self.fmt == "csv":
-            self._w.write_table(table)
+            self._w.write_table(_spreadsheet_safe_table(table))
         else:
             self._w.write_table(table, row_group_size=max(table.num_rows, 1))
         self.rows += table.num_rows
@@ -305,6 +305,17 @@ class TableSink:
         if self._w is not None:
             self._w.close()
             self._w = None
+
+
+def _spreadsheet_safe_table(table):
+    """Text columns of an Arrow table made spreadsheet-safe (see :func:`gpcore.data.export.spreadsheet_safe`)."""
+    import pyarrow as pa
+
+    if not any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type) for f in table.schema):
+        return table
+    from gpcore.data.export import spreadsheet_safe
+
+    return pa.Table.from_pandas(spreadsheet_safe(table.to_pandas()), schema=table.schema, preserve_index=False)
 
 
 class GeoTiffSink:
@@ -569,8 +580,8 @@ def predict_run_stream(
 ) -> StreamResult:
     """``python -m gpcore predict RUN_DIR --grid ... | --grid-region ...``; sharded under torchrun."""
     from gpcore import distributed as D
-    from gpcore.cli import load_run
     from gpcore.runs import RunConfig
+    from gpcore.store import load_run
 
     if distributed is None:
         distributed = D.launched_by_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1

@@ -11,6 +11,9 @@ A *run* is what the dashboard trains and what ``python -m gpcore fit`` writes. B
     grid_cells.parquet       the grid polygons as GeoParquet (cell_id, geometry; for maps and exports)
     history.json             per-epoch loss and validation NLL
 
+A run is written only for a finite model, into a hidden temporary folder renamed into place when
+complete (no half runs); ``out_dir`` must be new or empty unless ``overwrite=True`` replaces a run.
+
 Metrics are reported in the space the model is trained in (e.g. log10 Mbps, ALGORITHMS.md 7);
 map columns ``mean``, ``lower``, ``upper`` and ``width`` are back-transformed to the data's
 original units (for log targets ``mean`` is the predictive median, ``10 ** mean_t``).
@@ -21,8 +24,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import os
 import platform
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -34,10 +40,25 @@ import pandas as pd
 
 from gpcore import metrics as M
 from gpcore.device import describe_device
-from gpcore.errors import ConfigError
+from gpcore.errors import ConfigError, RunError, TrainingError
 from gpcore.identity import dataset_identity
 
 RUN_FORMAT = "gpcore-run"
+#: A run being written: ``.tmp-<run id>-<pid>-<8 hex>`` beside its final folder, renamed when complete.
+TMP_RE = re.compile(r"\.tmp-.+-(\d+)-[0-9a-f]{8}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (used to tell a leftover temporary run from one being written)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -83,19 +104,41 @@ class RunConfig:
             raise ConfigError(
                 f"strata={self.strata!r} is not allowed; use 'county_metro', 'column:<NAME>' or 'polygons:<PATH>'"
             )
+        for name in ("data", "y", "model", "transform", "region", "label"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be text")
+        if not isinstance(self.settings, dict):
+            raise ConfigError(f"settings={self.settings!r} must be a mapping of model settings")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed={self.seed!r} is not allowed; use a whole number >= 0 (e.g. --seed 0)")
+        for name, lo, strict in (("block_km", 0.0, True), ("grid_cell_km", 0.0, False)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo or (
+                strict and v == lo
+            ):
+                raise ConfigError(f"{name}={v!r} is not allowed; use a finite number {'>' if strict else '>='} {lo:g}")
+        if isinstance(self.grid_zoom, bool) or not isinstance(self.grid_zoom, int) or not 0 <= self.grid_zoom <= 24:
+            raise ConfigError(f"grid_zoom={self.grid_zoom!r} is not allowed; use a quadkey zoom level 0..24")
+        if not isinstance(self.grid_target_cells, int) or self.grid_target_cells < 1:
+            raise ConfigError(f"grid_target_cells={self.grid_target_cells!r} is not allowed; use a count >= 1")
         from gpcore.models.base import model_spec
 
         model_spec(self.model)  # raises ConfigError for unknown models
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(f"a run configuration must be an object of settings, not {type(d).__name__}")
         allowed = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - allowed
         if unknown:
             raise ConfigError(f"unknown run setting(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
         d = dict(d)
         if d.get("x") is not None:
-            d["x"] = tuple(d["x"])
+            x = d["x"]
+            if not isinstance(x, (list, tuple)) or len(x) != 2 or not all(isinstance(c, str) for c in x):
+                raise ConfigError(f"x={x!r} must name two coordinate columns, e.g. ['lon', 'lat']")
+            d["x"] = tuple(x)
         return cls(**d)
 
     def to_dict(self) -> dict:
@@ -359,18 +402,63 @@ def new_run_id(cfg: RunConfig) -> str:
     return f"{stamp}-{_slug(cfg.model)}"
 
 
-def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData | None = None, log=None) -> Path:
+def check_out_dir(out_dir, overwrite: bool = False) -> Path:
+    """``out_dir`` may be missing or empty; a non-empty one only with ``overwrite`` and only if it is a run
+    (holds run.json), so ``--overwrite`` never deletes a folder that is not a run. RunError otherwise."""
+    out = Path(out_dir)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise RunError(f"--out '{out}' exists and is not a folder; choose a new run folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise RunError(
+                f"--out '{out}' already holds files (an earlier run?); choose a new folder, or pass --overwrite "
+                "to replace that run completely"
+            )
+        if not (out / "run.json").is_file():
+            raise RunError(f"--out '{out}' is not empty and is not a run folder (no run.json); refusing to replace it")
+    return out
+
+
+def data_counts_text(prep: PreparedData) -> str:
+    """``"data: 1000 rows read, 990 used, 10 dropped (reasons)"`` from the read report."""
+    rep = prep.frame.attrs.get("report") if hasattr(prep.frame, "attrs") else None
+    read = int(getattr(rep, "rows_read", 0) or len(prep.y))
+    dropped = list(getattr(rep, "dropped", None) or [])
+    n_drop = sum(int(d.count) for d in dropped)
+    why = f" ({'; '.join(f'{d.count}: {d.reason}' for d in dropped)})" if dropped else ""
+    return f"data: {read} rows read, {len(prep.y)} used, {n_drop} dropped{why}"
+
+
+def check_finite_model(model, pred) -> None:
+    """A run is only written for a finite model: finite parameters and finite test predictions."""
+    bad = [k for k, v in model.module_.state_dict().items() if v.is_floating_point() and not v.isfinite().all()]
+    if bad or not (np.all(np.isfinite(pred.mean)) and np.all(np.isfinite(pred.var_y))):
+        what = f"parameters {', '.join(bad[:4])} are NaN/inf" if bad else "its test predictions are NaN/inf"
+        raise TrainingError(
+            f"training did not produce a finite model ({what}); lower the learning rate (lr), check the target's "
+            "scale (rescale huge values or use a log transform) or use dtype='float64'; no run was written"
+        )
+
+
+def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData | None = None, log=None,
+                overwrite: bool = False) -> Path:
     """Run everything for ``cfg`` and write the run directory ``out_dir``. Returns its path.
 
     ``callback(progress)`` is forwarded to ``model.fit`` (return ``False`` to cancel; the best
     model so far is kept and the run is still written, marked cancelled).
+
+    ``out_dir`` must be missing or empty (a folder :meth:`gpcore.store.RunStore.new_run_dir` reserved);
+    ``overwrite=True`` replaces an existing run there completely. The run is written to a hidden temporary
+    folder beside ``out_dir`` and renamed into place, so a crash or kill never leaves a half run. A fit
+    that produced no finite model raises :class:`TrainingError` and writes nothing.
     """
     from gpcore.models.base import make_model
 
     log = log or (lambda msg: None)
-    out = Path(out_dir)
+    out = check_out_dir(out_dir, overwrite)
     t_all = time.perf_counter()
     prep = prepared or prepare(cfg)
+    log(data_counts_text(prep))
     log(f"data: {len(prep.y)} rows, train/val/test = {len(prep.train_idx)}/{len(prep.val_idx)}/{len(prep.test_idx)}")
     model = make_model(cfg.model, **run_model_settings(cfg, prep))
     w = prep.weights
@@ -391,6 +479,7 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     st_te = st[prep.test_idx] if st is not None else None
     pred = model.predict(prep.X[prep.test_idx], weights=w_te, groups=st_te)  # each test row with its own count
     predict_s = time.perf_counter() - t0
+    check_finite_model(model, pred)
     y_te = prep.y[prep.test_idx]
     table = run_metrics(pred.mean, pred.var_y, y_te, st_te, w_te, cfg.weight)
     if model.recal_:  # the same metrics before recalibration, labelled '<group> (no recalibration)'
@@ -401,8 +490,52 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     table["fit_seconds"] = fit_s
     table["predict_seconds"] = predict_s
     grid = build_grid(cfg, prep)
+    final, out = out, _tmp_dir(out)
+    try:
+        _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s, t_all)
+        _publish(out, final, overwrite)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    log(f"wrote {final}")
+    return final
+
+
+def _tmp_dir(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for p in final.parent.glob(".tmp-*"):  # leftovers of killed writers of this folder's runs
+        m = TMP_RE.fullmatch(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{os.urandom(4).hex()}"
+    tmp.mkdir()
+    return tmp
+
+
+def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
+    """Rename the complete run into place (replacing an empty reserved folder, or an old run on overwrite)."""
+    old = None
+    if final.is_dir() and any(final.iterdir()):
+        check_out_dir(final, overwrite)  # something filled it while this run trained
+        old = final.parent / f".tmp-{final.name}-{os.getpid()}-{os.urandom(4).hex()}"
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old is not None:
+            os.replace(old, final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s, t_all) -> float:
+    """Write every file of a run into ``out`` (named ``final`` in the manifest); returns the grid seconds."""
     grid_s = 0.0
-    out.mkdir(parents=True, exist_ok=True)
+    y_te = prep.y[prep.test_idx]
+    st_te = prep.strata[prep.test_idx] if prep.strata is not None else None
+    w = prep.weights
+    w_te = None if w is None else w[prep.test_idx]
     if grid is not None:
         t0 = time.perf_counter()
         gp = grid_predictions(model, grid, prep.transform)
@@ -427,10 +560,10 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
         test_df["weight"] = w_te
     test_df.to_parquet(out / "test_predictions.parquet", index=False)
     table.to_csv(out / "metrics.csv", index=False)
-    (out / "history.json").write_text(json.dumps(model.history_, indent=1))
+    (out / "history.json").write_text(json.dumps(_clean(model.history_), indent=1, allow_nan=False))
     manifest = {
         "format": RUN_FORMAT,
-        "run_id": out.name,
+        "run_id": final.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "label": cfg.label or f"{cfg.model} on {Path(prep.source_label).name}",
         "config": cfg.to_dict(),
@@ -469,9 +602,8 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
         "grid_cells": 0 if grid is None else int(len(grid)),
         "grid": _grid_spec(grid),
     }
-    (out / "run.json").write_text(json.dumps(_clean(manifest), indent=2))
-    log(f"wrote {out}")
-    return out
+    (out / "run.json").write_text(json.dumps(_clean(manifest), indent=2, allow_nan=False))
+    return grid_s
 
 
 def _grid_spec(grid) -> dict | None:
@@ -486,3 +618,38 @@ def _clean(obj):
     from gpcore.models.base import _jsonable
 
     return _jsonable(obj)
+
+
+def load_run_grid(run_dir):
+    """A run's prediction grid as a GeoDataFrame (``grid.parquet`` joined to ``grid_cells.parquet`` polygons),
+    with its ``GridSpec`` in ``attrs["grid"]`` when the run recorded one (needed for GeoTIFF output).
+
+    Used by the decision commands (``python -m gpcore exceed|areas|sample|suggest``) so nothing is retrained.
+    """
+    import geopandas as gpd
+
+    from gpcore import data as D
+    from gpcore.errors import GPCoreError
+
+    p = Path(run_dir)
+    if not (p / "run.json").is_file():
+        raise GPCoreError(f"'{p}' is not a run directory (no run.json); pass the --out of `gpcore fit`")
+    if not (p / "grid.parquet").is_file():
+        raise GPCoreError(f"run '{p}' has no prediction grid (it was trained with --grid none); refit with a grid")
+    manifest = json.loads((p / "run.json").read_text())
+    try:
+        preds = pd.read_parquet(p / "grid.parquet")
+        cells = gpd.read_parquet(p / "grid_cells.parquet") if (p / "grid_cells.parquet").is_file() else None
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for damaged files
+        raise RunError(f"run '{p}': its grid files cannot be read ({type(e).__name__}); re-run the fit") from None
+    if cells is not None:
+        grid = cells.merge(preds, on="cell_id", how="inner")
+    else:
+        grid = gpd.GeoDataFrame(preds, geometry=gpd.points_from_xy(preds["lon"], preds["lat"]), crs=4326)
+    spec = manifest.get("grid")
+    if isinstance(spec, dict) and "transform" in spec:
+        spec = D.GridSpec(**{**spec, "transform": tuple(spec["transform"])})
+        if "row" not in grid.columns and spec.kind == "square":
+            grid["row"], grid["col"] = np.divmod(grid["cell_id"].to_numpy(dtype=np.int64), spec.width)
+        grid.attrs["grid"] = spec
+    return grid

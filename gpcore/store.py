@@ -4,17 +4,26 @@ Default location: ``$UA_RUN_STORE`` if set, else the user's data directory
 (``platformdirs.user_data_dir("uncertainty-atlas")/runs``). Runs shipped with the project
 (``sample_data/runs/*``) are listed too, read-only, so a fresh install has content to show.
 Everything is JSON, Parquet, GeoJSON and safetensors: nothing is unpickled.
+
+Every ``run.json`` is read through one validated schema (:func:`validate_manifest`): a run whose
+manifest is malformed is skipped and reported by :meth:`RunStore.invalid`, never handed to a page.
+Symlinked run directories are ignored. Runs are written atomically (:func:`gpcore.runs.execute_run`
+writes a hidden ``.tmp-<id>-<pid>-<hex>`` folder and renames it); :meth:`RunStore.clean_leftovers`
+removes what a killed process left behind.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpcore.errors import GPCoreError
+from gpcore.errors import GPCoreError, RunError
+from gpcore.runs import RUN_FORMAT, TMP_RE, RunConfig, pid_alive
 
 BUNDLED_RUNS = Path(__file__).resolve().parent.parent / "sample_data" / "runs"
 
@@ -60,41 +69,171 @@ class RunInfo:
         return data.get("hash", "")
 
 
+def _is_number(v, allow_none: bool = False) -> bool:
+    if v is None:
+        return allow_none
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate_manifest(manifest, where: str = "run.json") -> dict:
+    """Check a run manifest against the run schema; return it, or raise :class:`RunError` naming the field.
+
+    What every page and command relies on: an object with the run format, a ``config`` that is a valid
+    :class:`gpcore.runs.RunConfig`, ``created``/``label``/``run_id`` text, ``data`` an object with a text
+    ``hash``, ``metrics`` a list of records (``group`` text, finite numbers or null), ``timings`` numbers,
+    ``grid`` an object or null, ``noise_variance`` a finite number or null.
+    """
+
+    def bad(field: str, why: str) -> RunError:
+        return RunError(f"{where}: '{field}' {why}")
+
+    if not isinstance(manifest, dict):
+        raise RunError(f"{where} holds {type(manifest).__name__}, not a run manifest object")
+    if manifest.get("format") != RUN_FORMAT:
+        raise bad("format", f"is {manifest.get('format')!r}, not {RUN_FORMAT!r}")
+    for key in ("created", "label", "run_id", "device"):
+        if key in manifest and not isinstance(manifest[key], str):
+            raise bad(key, f"is {manifest[key]!r}, not text")
+    cfg = manifest.get("config")
+    if not isinstance(cfg, dict):
+        raise bad("config", "is missing or not an object")
+    for key in ("data", "y", "model"):
+        if not isinstance(cfg.get(key), str):
+            raise bad(f"config.{key}", "is missing or not text")
+    for key in ("settings",):
+        if key in cfg and not isinstance(cfg[key], dict):
+            raise bad(f"config.{key}", "is not an object")
+    try:
+        RunConfig.from_dict(cfg)
+    except (GPCoreError, TypeError, ValueError) as e:
+        raise bad("config", f"is not a valid run configuration ({e})") from None
+    for key in ("data", "timings", "model_config", "train_info", "versions"):
+        if key in manifest and not isinstance(manifest[key], dict):
+            raise bad(key, "is not an object")
+    data = manifest.get("data", {})
+    if not isinstance(data.get("hash", ""), str):
+        raise bad("data.hash", "is not text")
+    if "state" in data and data["state"] is not None and not isinstance(data["state"], str):
+        raise bad("data.state", "is not text")
+    if not all(_is_number(v, allow_none=True) for v in manifest.get("timings", {}).values()):
+        raise bad("timings", "holds a value that is not a finite number")
+    metrics = manifest.get("metrics", [])
+    if not isinstance(metrics, list) or not all(isinstance(r, dict) for r in metrics):
+        raise bad("metrics", "is not a list of records")
+    for r in metrics:
+        if not isinstance(r.get("group", ""), str):
+            raise bad("metrics.group", f"is {r.get('group')!r}, not text")
+        if not all(_is_number(v, allow_none=True) for k, v in r.items() if k != "group"):
+            raise bad("metrics", f"record {r.get('group')!r} holds a value that is not a finite number")
+    if "grid" in manifest and manifest["grid"] is not None and not isinstance(manifest["grid"], dict):
+        raise bad("grid", "is not an object")
+    if "grid_cells" in manifest and not (isinstance(manifest["grid_cells"], int) and manifest["grid_cells"] >= 0):
+        raise bad("grid_cells", "is not a count")
+    if "noise_variance" in manifest and not _is_number(manifest["noise_variance"], allow_none=True):
+        raise bad("noise_variance", "is not a finite number")
+    return manifest
+
+
+def read_manifest(run_dir) -> dict:
+    """The validated ``run.json`` of a run directory (:class:`RunError` when missing or malformed)."""
+    run_dir = Path(run_dir)
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise RunError(f"'{run_dir}' is not a run directory (no run.json); pass the --out of `gpcore fit`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"'{path}' is not readable JSON ({e}); the run is damaged, re-run the fit") from None
+    return validate_manifest(manifest, f"'{path}'")
+
+
+def load_run(run_dir, device: str | None = None):
+    """``(manifest, model)`` of a run directory written by :func:`gpcore.runs.execute_run`.
+
+    The manifest is validated and the model checked before anything is allocated; a damaged run raises
+    :class:`RunError` (or :class:`gpcore.errors.InputError` for the model files) naming the file.
+    """
+    from gpcore.models.base import load_model
+
+    manifest = read_manifest(run_dir)
+    return manifest, load_model(Path(run_dir) / "model", device=device)
+
+
 class RunStore:
     """List, create and delete runs under ``root`` (created on demand)."""
 
     def __init__(self, root: str | Path | None = None, include_bundled: bool = True):
         self.root = Path(root) if root is not None else default_store_dir()
         self.include_bundled = include_bundled
+        self._invalid: list[tuple[str, str]] = []
 
     def new_run_dir(self, run_id: str) -> Path:
+        """Reserve a run directory (created atomically, empty): ``run_id``, else ``run_id-2``, ``-3``, ...
+
+        Concurrent callers always get distinct directories; :func:`gpcore.runs.execute_run` fills it.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / run_id
-        if path.exists():
-            raise GPCoreError(f"run '{run_id}' already exists in {self.root}")
-        return path
+        for i in range(1, 1000):
+            path = self.root / (run_id if i == 1 else f"{run_id}-{i}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return path
+        raise RunError(f"run '{run_id}' already exists in {self.root} (and 998 numbered variants)")
 
     def _scan(self, base: Path, bundled: bool) -> list[RunInfo]:
         out = []
         if not base.is_dir():
             return out
         for p in sorted(base.iterdir()):
+            if p.name.startswith(".") or p.is_symlink() or not p.is_dir():
+                continue  # hidden temporary folders, and links that could point outside the store
             mf = p / "run.json"
-            if not mf.is_file():
-                continue
+            if mf.is_symlink() or not mf.is_file():
+                continue  # a reserved (still training) or foreign folder is not a run
             try:
-                manifest = json.loads(mf.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue  # a half-written or foreign directory is not a run
+                manifest = read_manifest(p)
+            except RunError as e:
+                self._invalid.append((p.name, str(e)))
+                continue
             out.append(RunInfo(p.name, p, manifest, bundled))
         return out
 
     def list(self) -> list[RunInfo]:
-        """All runs, newest first; bundled runs last."""
+        """All valid runs, newest first; bundled runs last. Malformed ones: see :meth:`invalid`."""
+        self._invalid = []
         own = sorted(self._scan(self.root, False), key=lambda r: r.manifest.get("created", ""), reverse=True)
         bundled = self._scan(BUNDLED_RUNS, True) if self.include_bundled else []
         seen = {r.run_id for r in own}
         return own + [r for r in bundled if r.run_id not in seen]
+
+    def invalid(self) -> list[tuple[str, str]]:
+        """``(run id, reason)`` of the runs the last :meth:`list` skipped because their run.json is malformed."""
+        return list(self._invalid)
+
+    def clean_leftovers(self, max_age_s: float = 3600.0) -> list[str]:
+        """Remove what killed processes left in the store: ``.tmp-*`` folders of processes that are gone
+        (or older than a day), and empty reserved run folders older than ``max_age_s``. Returns their names."""
+        removed: list[str] = []
+        if not self.root.is_dir():
+            return removed
+        now = time.time()
+        for p in self.root.iterdir():
+            try:
+                if p.is_symlink() or not p.is_dir():
+                    continue
+                age = now - p.stat().st_mtime
+                m = TMP_RE.fullmatch(p.name)
+                if m and (not pid_alive(int(m.group(1))) or age > 86400):
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed.append(p.name)
+                elif not p.name.startswith(("_", ".")) and age > max_age_s and not any(p.iterdir()):
+                    p.rmdir()
+                    removed.append(p.name)
+            except OSError:
+                continue
+        return removed
 
     def get(self, run_id: str) -> RunInfo:
         for r in self.list():
@@ -107,3 +246,4 @@ class RunStore:
         if info.bundled:
             raise GPCoreError(f"run '{run_id}' ships with the project and cannot be deleted")
         shutil.rmtree(info.path)
+

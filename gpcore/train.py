@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from gpcore.errors import TrainingError
 from gpcore.models.linalg import gaussian_nll
 
 
@@ -257,7 +258,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
         epoch_loss = (total / len(batches)).item()
         if not math.isfinite(epoch_loss):
             if best_state is None:
-                raise FloatingPointError(
+                raise TrainingError(
                     f"training loss became {epoch_loss} in epoch {epoch} before any valid checkpoint; "
                     "lower the learning rate (lr) or use dtype='float64'"
                 )
@@ -273,7 +274,8 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
         else:
             val_nll = val_rmse = None
             metric = epoch_loss
-        improved = metric < best_metric - 1e-7 or best_state is None
+        # a NaN/inf metric never counts as an improvement: the checkpoint kept is always a finite model
+        improved = math.isfinite(metric) and (metric < best_metric - 1e-7 or best_state is None)
         if improved:
             best_metric, best_epoch, stale = metric, epoch, 0
             best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -304,7 +306,12 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
             break
         if out_of_time:
             break
-    if best_state is not None and (has_val or diverged):
+    if best_state is None:
+        raise TrainingError(
+            f"training produced no finite model: the validation NLL was not finite in any of {len(history)} epoch(s); "
+            "lower the learning rate (lr) or use dtype='float64'; no run was written"
+        )
+    if has_val or diverged:
         module.load_state_dict(best_state)
     info = {
         "epochs_run": len(history),

@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=dev bash scripts/setup.sh
 . .venv/bin/activate
-exec streamlit run app/main.py "$@"
+# The safe server settings are passed explicitly too (later arguments override them).
+exec streamlit run app/main.py --server.address 127.0.0.1 --server.enableXsrfProtection true \
+    --server.maxUploadSize 200 --client.showErrorDetails type "$@"

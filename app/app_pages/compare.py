@@ -7,6 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from app import cache, charts
+from app.safe_html import md_text
+from gpcore.errors import GPCoreError
 
 METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "pi_width_mean", "fit_seconds", "predict_seconds"]
 
@@ -50,7 +52,11 @@ def page() -> None:
     keys = {i.run_id: cache.run_key(i) for i in infos}
     metrics = []
     for info in infos:
-        m = cache.st_metrics(*keys[info.run_id]).copy()
+        try:
+            m = cache.st_metrics(*keys[info.run_id]).copy()
+        except GPCoreError as exc:  # one damaged run is named and left out, the others are compared
+            st.warning(md_text(exc))
+            continue
         if m.empty:
             continue
         m.insert(0, "model", names[info.run_id])
@@ -60,8 +66,10 @@ def page() -> None:
         st.warning("The chosen runs have no metrics.")
         return
     table = pd.concat(metrics, ignore_index=True)
-    run0 = cache.st_run_data(*keys[infos[0].run_id])
-    units = run0.t_units or "target units"
+    try:
+        units = cache.st_run_data(*keys[infos[0].run_id]).t_units or "target units"
+    except GPCoreError:
+        units = "target units"
     st.caption(f"Metrics on each run's test split, in the space the models train in ({units}); "
                "ranked by overall NLL (lower is better). Coverage target: 95%.")
     overall = table[table.group == "all"].sort_values("nll").reset_index(drop=True)
@@ -90,27 +98,35 @@ def page() -> None:
 
     tests = []
     for info in infos:
-        t = cache.st_test_predictions(*keys[info.run_id])
+        try:
+            t = cache.st_test_predictions(*keys[info.run_id])
+        except GPCoreError as exc:
+            st.warning(md_text(exc))
+            continue
         if t.empty:
             continue
         t = t.assign(model=names[info.run_id])
         tests.append(t)
     if tests:
         test = pd.concat(tests, ignore_index=True)
+        colors = charts.stratum_colors([*test.get("stratum", pd.Series(dtype=str)).astype(str).unique(),
+                                        *table["group"].astype(str).unique()])
+        cfg = charts.CONFIG
         c1, c2 = st.columns(2)
         with c1:
             st.subheader("95% PI widths by stratum")
-            st.plotly_chart(charts.width_violins(test, units), width="stretch", key="cmp_violins")
+            st.plotly_chart(charts.width_violins(test, units, colors), width="stretch", key="cmp_violins", config=cfg)
         with c2:
             st.subheader("Coverage per stratum")
-            st.plotly_chart(charts.coverage_bars(table), width="stretch", key="cmp_coverage")
+            st.plotly_chart(charts.coverage_bars(table, colors=colors), width="stretch", key="cmp_coverage",
+                            config=cfg)
         c3, c4 = st.columns(2)
         with c3:
             st.subheader("Calibration")
-            st.plotly_chart(charts.calibration(test), width="stretch", key="cmp_calibration")
+            st.plotly_chart(charts.calibration(test), width="stretch", key="cmp_calibration", config=cfg)
         with c4:
             st.subheader("Fit and predict times")
-            st.plotly_chart(charts.timings(overall), width="stretch", key="cmp_timings")
+            st.plotly_chart(charts.timings(overall), width="stretch", key="cmp_timings", config=cfg)
 
 
 page()

@@ -7,6 +7,8 @@ import streamlit as st
 
 from app import cache, mapview, state
 from app.colors import legend_html
+from app.messages import for_page
+from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
 
 UPLOAD_TYPES = ["csv", "tsv", "txt", "parquet", "geoparquet", "geojson", "json", "gpkg", "zip"]
@@ -60,9 +62,10 @@ def source_picker(active: state.DatasetSpec) -> str | None:
         return None
     ref = state.save_upload(upload.name, upload.getvalue())
     try:
-        cache.st_inspect(ref)
+        cache.st_columns(ref)
     except GPCoreError as exc:
-        st.error(f"**{upload.name}** cannot be used: {exc}")
+        state.discard_upload(ref)  # an unusable file is not kept
+        st.error(f"**{md_text(upload.name)}** cannot be used: {md_text(for_page(exc))}")
         st.caption("The previous data set and all runs are kept.")
         return None
     ss.ua_last_upload = ref
@@ -70,40 +73,64 @@ def source_picker(active: state.DatasetSpec) -> str | None:
 
 
 def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec | None:
-    """Coordinate, target, weight and time columns (auto-detected, editable), period, transform, strata."""
-    from gpcore.data import SAMPLES
+    """Coordinate, target, weight and time columns (auto-detected, editable), period, transform, strata.
 
+    The Longitude / Latitude selectors come first and stay visible when the file fails, so the fix a
+    message names (another column, swapped columns) can be applied right here.
+    """
+    from gpcore.data import SAMPLES
+    from gpcore.data.columns import default_transform
+
+    name = state.DatasetSpec(source=source).file_name
     try:
-        ins = cache.st_inspect(source)
+        raw_cols, profiles = cache.st_columns(source)
     except GPCoreError as exc:
-        st.error(str(exc))
+        st.error(f"**{md_text(name)}** cannot be used: {md_text(for_page(exc))}")
         return None
     same = source == active.source
     base = active if same else (
         state.DatasetSpec.for_sample(source[len(state.SAMPLE_PREFIX):]) if source.startswith(state.SAMPLE_PREFIX)
-        else state.DatasetSpec(source=source, quarter=None, y="", transform="identity", strata=None)
+        else state.DatasetSpec(source=source, quarter=None, y="", transform="", strata=None)
     )
-    cols = ins.columns
     sfx = source.replace("/", "_")
     c1, c2 = st.columns(2)
     with c1:
-        opts = [AUTO, *cols]
-        lon = st.selectbox("Longitude column", opts, index=opts.index(base.lon) if base.lon in cols else 0,
-                           key=f"w_lon_{sfx}", help=f"Auto-detected: {ins.lon or 'none (geometry or quadkeys)'}")
-        lat = st.selectbox("Latitude column", opts, index=opts.index(base.lat) if base.lat in cols else 0,
-                           key=f"w_lat_{sfx}", help=f"Auto-detected: {ins.lat or 'none (geometry or quadkeys)'}")
+        opts = [AUTO, *raw_cols]
+        lon = st.selectbox("Longitude column", opts, index=opts.index(base.lon) if base.lon in raw_cols else 0,
+                           key=f"w_lon_{sfx}", help="Auto-detect finds lon/lng/longitude, x, a geometry or quadkeys.")
+        lat = st.selectbox("Latitude column", opts, index=opts.index(base.lat) if base.lat in raw_cols else 0,
+                           key=f"w_lat_{sfx}", help="Auto-detect finds lat/latitude, y, a geometry or quadkeys.")
+    lon_arg, lat_arg = (None if lon == AUTO else lon), (None if lat == AUTO else lat)
+    if (lon_arg is None) != (lat_arg is None):
+        st.info("Choose both a Longitude column and a Latitude column (or set both to auto-detect).")
+        return None
+    try:
+        ins = cache.st_inspect(source, lon_arg, lat_arg)
+    except GPCoreError as exc:
+        st.error(f"**{md_text(name)}** cannot be used yet: {md_text(for_page(exc))}")
+        st.caption("The previous data set and all runs are kept.")
+        return None
+    with c1:
+        st.caption(f"Coordinates: {md_code(ins.lon or '?')} / {md_code(ins.lat or '?')}" if ins.lon else
+                   "Coordinates from the file's geometry or quadkeys.")
+    cols = ins.columns
     numeric = ins.numeric
     if not numeric:
-        st.error("The file has no numeric column to model; add one (e.g. a speed or a concentration).")
+        st.error("The file has no numeric column to model besides the coordinates; add one (e.g. a speed or a "
+                 "concentration).")
         return None
-    default_y = base.y if base.y in numeric else _guess_target(numeric)
+    default_y = base.y if base.y in numeric else ins.default_target()
     with c2:
-        y = st.selectbox("Target column", numeric, index=numeric.index(default_y), key=f"w_y_{sfx}")
-        w_opts = [NONE, *numeric]
+        y = st.selectbox("Target column", numeric, index=numeric.index(default_y), key=f"w_y_{sfx}",
+                         help="Number columns that are not coordinates; a few text cells are dropped (listed below).")
+        note = ins.profiles[y].drop_note() if y in ins.profiles else ""
+        if note:
+            st.warning(note + ".")
+        w_opts = [NONE, *[c for c in numeric if c != y]]
         weight = st.selectbox("Weight column (optional)", w_opts,
-                              index=w_opts.index(base.weight) if base.weight in numeric else 0, key=f"w_weight_{sfx}",
-                              help="Measurements per row (e.g. Ookla 'tests'): a row's noise is tau^2 + sigma^2 / w, "
-                                   "both learned; metrics get bins 1, 2-4, 5-16, >16.")
+                              index=w_opts.index(base.weight) if base.weight in w_opts else 0, key=f"w_weight_{sfx}",
+                              help="Measurements behind each value (Ookla: tests): a row's noise is "
+                                   "tau^2 + sigma^2 / w, both learned; metrics get bins 1, 2-4, 5-16, >16.")
     c3, c4 = st.columns(2)
     with c3:
         t_opts = [AUTO, NONE, *cols]
@@ -122,10 +149,13 @@ def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec 
                              help="A year keeps its four quarters; 'all' keeps every record.")
             quarter = None if q == "all" else q
     with c4:
-        default_t = base.transform if base.transform in TRANSFORMS else "identity"
-        transform = st.selectbox("Target transform", TRANSFORMS, index=TRANSFORMS.index(default_t), key=f"w_tr_{sfx}",
-                                 help="Models train on the transformed target; maps show the original units.")
-    strata = strata_picker(base, cols, sfx)
+        default_t = base.transform if base.transform in TRANSFORMS else default_transform(ins.profiles.get(y))
+        transform = st.selectbox("Target transform", TRANSFORMS, index=TRANSFORMS.index(default_t),
+                                 key=f"w_tr_{sfx}_{y}",
+                                 help="Models train on the transformed target; maps show the original units. "
+                                 "log10 is the default for positive speeds, prices and counts.")
+    strata_cols = [c for c in cols if c not in cache.INTERNAL_COLUMNS and c not in (ins.lon, ins.lat)]
+    strata = strata_picker(base, strata_cols, sfx)
     if strata is False:
         return None
     return state.DatasetSpec(
@@ -133,19 +163,12 @@ def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec 
         quarter=quarter,
         y=y,
         transform=transform,
-        lon=None if lon == AUTO else lon,
-        lat=None if lat == AUTO else lat,
+        lon=lon_arg,
+        lat=lat_arg,
         weight=None if weight == NONE else weight,
         time=None if time in (AUTO, NONE) else time,
         strata=strata,
     )
-
-
-def _guess_target(numeric: list[str]) -> str:
-    for name in ("download_mbps", "value", "target", "y"):
-        if name in numeric:
-            return name
-    return numeric[0]
 
 
 def strata_picker(base: state.DatasetSpec, cols: list[str], sfx: str):
@@ -175,7 +198,8 @@ def strata_picker(base: state.DatasetSpec, cols: list[str], sfx: str):
 
         read_polygons(state.source_path(ref))
     except GPCoreError as exc:
-        st.error(f"**{up.name}** cannot be used as strata: {exc}")
+        state.discard_upload(ref)
+        st.error(f"**{md_text(up.name)}** cannot be used as strata: {md_text(exc)}")
         return False
     return f"polygons:{ref}"
 
@@ -186,7 +210,7 @@ def load_button(spec: state.DatasetSpec | None, active: state.DatasetSpec) -> No
         try:
             cache.st_load_dataset(spec)
         except GPCoreError as exc:
-            st.error(str(exc))
+            st.error(md_text(exc))
             st.caption("The previous data set and all runs are kept.")
             return
         state.set_dataset(spec)
@@ -199,14 +223,15 @@ def load_button(spec: state.DatasetSpec | None, active: state.DatasetSpec) -> No
 
 def summary(data: cache.LoadedData) -> None:
     rep = data.report
-    st.subheader(data.spec.label())
+    st.subheader(md_text(data.spec.label()))
     c = st.columns(4)
     c[0].metric("Rows used", f"{data.n:,}")
     c[1].metric("Rows read", f"{getattr(rep, 'rows_read', data.n):,}")
     dropped = sum(d.count for d in getattr(rep, "dropped", []) or [])
     c[2].metric("Rows dropped", f"{dropped:,}")
     c[3].metric("Strata", f"{len(data.strata_counts) or '–'}", help="groups used for per-stratum metrics")
-    st.markdown(f"Target `{data.spec.y}` ({data.units or 'units unknown'}), transform `{data.spec.transform}`")
+    st.markdown(f"Target {md_code(data.spec.y)} ({data.units or 'units unknown'}), "
+                f"transform {md_code(data.spec.transform)}")
     if rep is not None and rep.dropped:
         st.markdown("**Dropped rows and why**")
         st.dataframe(
@@ -218,7 +243,7 @@ def summary(data: cache.LoadedData) -> None:
     if counts:
         label = data.frame.attrs.get("strata_label", "strata")
         total = sum(counts.values()) or 1
-        st.markdown(f"**Strata** — {label}")
+        st.markdown(f"**Strata** — {md_text(label)}")
         st.dataframe(
             pd.DataFrame([{"stratum": k, "points": v, "share": f"{100 * v / total:.1f}%"} for k, v in counts.items()]),
             hide_index=True, width="stretch",

@@ -1,9 +1,10 @@
 """Maps: posterior mean, 95 % PI width and measurements for a run; click a cell for its kernel slice.
 
-Every grid map is a colour bitmap under a transparent pickable cell layer (colours stay true
-when a cell is selected). A click sets the reference point ``x_ref`` (kept in the session and
-the URL, so it survives recolouring and switching maps); the kernel slice ``k(grid, x_ref)``
-is one matrix-vector product with the grid's cached features.
+Grid maps are the grid-map component (:mod:`app.gridmap`): a colour bitmap drawn by deck.gl with
+nothing pickable; a click anywhere on a cell returns that cell (read from the grid's pixel -> cell
+index, not by GPU picking), and its centre becomes the reference point ``x_ref`` (kept in the session
+and the URL, so it survives recolouring and switching maps). The kernel slice ``k(grid, x_ref)`` is
+one matrix-vector product with the grid's cached features.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import cache, mapview, state
+from app import cache, gridmap, mapview, state
 from app.colors import SCALES, format_number, legend_html
 from app.modelinfo import noise_text, uncertainty_note
-from app.selection import picked_point
+from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
-MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements"}
+MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements",
+              "exceed": "P(below threshold)"}
 SLICE_MODES = {
     "kernel": "kernel k(x, x_ref)",
     "correlation": "correlation k / sqrt(k(x,x) k(x_ref,x_ref))",
@@ -26,11 +28,15 @@ SLICE_MODES = {
 MAP_SCALES = [s for s in SCALES if s not in ("rdbu", "puor")]
 
 
-def on_pick(key: str) -> None:
-    """Selection callback of a grid map: a picked cell becomes ``x_ref`` (empty selections are ignored)."""
-    hit = picked_point(st.session_state.get(key), "cells")
-    if hit is not None:
-        st.session_state.ua_xref = (hit[0], hit[1])
+def on_pick(widget_key: str, key: tuple[str, float]) -> None:
+    """Click callback of a grid map: the clicked cell's centre becomes ``x_ref`` (kept in the session and URL)."""
+    cell = gridmap.picked_cell(st.session_state.get(widget_key))
+    if cell is None:
+        return
+    grid = cache.st_run_data(*key).grid
+    if cell >= len(grid):
+        return
+    st.session_state.ua_xref = (round(float(grid["lon"].iloc[cell]), 5), round(float(grid["lat"].iloc[cell]), 5))
 
 
 def controls(runs) -> dict:
@@ -84,14 +90,21 @@ def run_info(info) -> tuple[cache.RunData, tuple[str, float]]:
     return cache.st_run_data(*key), key
 
 
-def outlines_for(run: cache.RunData, with_strata: bool) -> list[dict]:
+def outline_parts(run: cache.RunData, with_strata: bool):
+    """``(region GeoJSON, strata outlines)`` of a run: its state, else the hull of its grid."""
     cfg = run.config
     state_code = run.manifest.get("data", {}).get("state")
-    region_json = None
     if state_code:
         region_json, _ = cache.st_region_outline(state_code, None)
+    else:
+        region_json, _ = cache.st_region_outline(None, f"grid:{run.path}", _frame=run.grid)
     strata = cache.st_strata_outlines(cfg.get("strata"), state_code) if with_strata else []
-    return mapview.outline_layers(region_json, strata)
+    return region_json, strata
+
+
+def outlines_for(run: cache.RunData, with_strata: bool) -> list[dict]:
+    """Outline layers for the pydeck measurement map."""
+    return mapview.outline_layers(*outline_parts(run, with_strata))
 
 
 def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
@@ -112,9 +125,12 @@ def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
         if not p.is_file():
             return None
     x = cfg.get("x") or [None, None]
+    strata = cfg.get("strata")
+    if strata and strata.startswith("polygons:") and not strata.startswith(("polygons:upload:", "polygons:file:")):
+        strata = "polygons:file:" + strata[len("polygons:") :]  # a layer the run (e.g. the CLI) named by path
     return state.DatasetSpec(
         source=source, quarter=cfg.get("quarter"), y=cfg.get("y"), transform=cfg.get("transform", "identity"),
-        lon=x[0], lat=x[1], weight=cfg.get("weight"), time=cfg.get("time"), strata=cfg.get("strata"),
+        lon=x[0], lat=x[1], weight=cfg.get("weight"), time=cfg.get("time"), strata=strata,
     )
 
 
@@ -126,16 +142,22 @@ def main_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width
 
 
 def grid_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width_px: int = 560) -> None:
-    col, scale, title = mapview.grid_scale(run, kind, opts["scale"], opts["width_units"], limits)
-    image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
-    # No x_ref marker here: the main map's spec then stays identical across clicks, so the browser
-    # does not re-parse megabytes of cells; the picked cell is highlighted by the selection itself
-    # and the slice map carries the marker.
-    deck = mapview.grid_deck(run, key, image, pickable=True, outlines=outlines_for(run, opts["strata"]),
-                             xref=None, basemap=opts["basemap"], width_px=width_px)
-    pick_key = f"pick_{run.run_id}"
-    st.pydeck_chart(deck, height=deck.map_height, on_select=lambda: on_pick(pick_key), selection_mode="single-object",
-                    key=pick_key)
+    if kind == "exceed":  # P(below the Decide page's threshold), from the run's stored marginals
+        from app.colors import ColorScale
+
+        t = mapview.threshold_of(run, st.session_state)
+        scale = ColorScale("rdbu", 0.0, 1.0)
+        image = cache.slice_image(*key, cache.st_exceedance(*key, t, "original", "below"), scale)
+        title = f"{mapview.exceed_title(run, t)} (threshold set on the Decide page)"
+    else:
+        col, scale, title = mapview.grid_scale(run, kind, opts["scale"], opts["width_units"], limits)
+        image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
+    # The main map shows no x_ref marker: its arguments then stay the same across clicks (the slice map
+    # carries the marker).
+    widget_key = f"pick_{run.run_id}"
+    mapview.draw_grid(run, key, image, widget_key=widget_key, clickable=True,
+                      outlines=mapview.outline_specs(*outline_parts(run, opts["strata"])), basemap=opts["basemap"],
+                      width_px=width_px, on_change=lambda: on_pick(widget_key, key))
     st.html(legend_html(scale, title))
 
 
@@ -148,7 +170,7 @@ def data_map(run: cache.RunData, opts: dict, width_px: int = 560) -> None:
         try:
             data = cache.st_load_dataset(spec)
         except GPCoreError as exc:
-            st.warning(f"The run's data could not be read ({exc}); showing the active data set.")
+            st.warning(f"The run's data could not be read ({md_text(exc)}); showing the active data set.")
             data = st.session_state.ua_data
     scale, title = mapview.measurement_scale(data, opts["scale"])
     deck = mapview.points_deck(data, scale, outlines_for(run, opts["strata"]), basemap=opts["basemap"],
@@ -173,10 +195,10 @@ def kernel_panel(run: cache.RunData, key, opts: dict, xref) -> None:
     else:
         title = "Kernel slice: " + SLICE_MODES[opts["slice_mode"]]
     image = cache.slice_image(*key, values, scale)
-    deck = mapview.grid_deck(run, key, image, pickable=False, outlines=outlines_for(run, opts["strata"]),
-                             xref=xref, basemap=opts["basemap"], width_px=560)
     st.markdown(f"**Kernel slice at x_ref** = ({xref[0]:.5f}, {xref[1]:.5f}), cell `{cell_id}`")
-    st.pydeck_chart(deck, height=deck.map_height, key=f"slice_{run.run_id}")
+    mapview.draw_grid(run, key, image, widget_key=f"slice_{run.run_id}", clickable=False,
+                      outlines=mapview.outline_specs(*outline_parts(run, opts["strata"])), xref=xref,
+                      basemap=opts["basemap"], width_px=560)
     st.html(legend_html(scale, title))
     point_summary(run, key, xref)
 
@@ -200,7 +222,7 @@ def point_summary(run: cache.RunData, key, xref) -> None:
 
 
 def run_header(run: cache.RunData) -> None:
-    st.markdown(f"#### {run.title()}")
+    st.markdown(f"#### {md_text(run.title())}")
     bits = [f"model `{run.model}`", noise_text(run.manifest, run.t_units), f"{len(run.grid):,} grid cells"]
     st.caption(" · ".join(b for b in bits if b))
     note = uncertainty_note(run.model)
@@ -209,7 +231,7 @@ def run_header(run: cache.RunData) -> None:
 
 
 def shared_limits(runs: list[cache.RunData], kind: str, width_units: str):
-    if len(runs) < 2 or kind == "data":
+    if len(runs) < 2 or kind in ("data", "exceed"):
         return None
     from app.colors import robust_limits
 

@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from app import cache, jobs, widgets
+from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
 
 POLL_SECONDS = 0.7
@@ -47,7 +48,7 @@ def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_
         prepared = prepare(cfg, gdf=data.frame)
         run_dir = RunStore().new_run_dir(new_run_id(cfg))
     except GPCoreError as exc:
-        st.error(str(exc))
+        st.error(md_text(exc))
         return
     ss.ua_job = jobs.start_training(cfg, run_dir, prepared=prepared, label=cfg.label)
     ss.ua_job_seen = False
@@ -86,7 +87,7 @@ def progress_panel() -> None:
 def finished_panel(job: jobs.TrainingJob) -> None:
     ss = st.session_state
     if job.error is not None:
-        st.error(f"Training failed: {job.error}")
+        st.error(f"Training failed: {md_text(job.error)}")
         return
     if ss.get("ua_run") != job.run_id and not ss.get("ua_job_selected"):
         ss.ua_run = job.run_id
@@ -115,7 +116,8 @@ def page() -> None:
     ss = st.session_state
     st.title("Train")
     data: cache.LoadedData = ss.ua_data
-    st.caption(f"Data set: {data.spec.label()} · `{data.spec.y}` ({data.spec.transform}) · {data.n:,} rows")
+    st.caption(f"Data set: {md_text(data.spec.label())} · {md_code(data.spec.y)} ({data.spec.transform}) · "
+               f"{data.n:,} rows")
     job = ss.get("ua_job")
     running = job is not None and not job.done
 

@@ -11,6 +11,7 @@ import os
 import re
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,13 +45,26 @@ def mb(n: float) -> str:
     return f"{n / 1024**2:.1f} MB" if n < 10 * 1024**2 else f"{n / 1024**2:.0f} MB"
 
 
+#: Decoded size allowed for a columnar file, as a multiple of the byte limit (Parquet compresses ~3-10x).
+DECODED_FACTOR = 10
+#: Zips inside zips are opened this many levels deep (a zip holding one zipped Shapefile).
+MAX_ZIP_DEPTH = 1
+_CHUNK = 1 << 20
+
+
 @dataclass
 class Source:
-    """A file on disk (``path``) or in memory (``data``), with the name used in messages."""
+    """A file on disk (``path``) or in memory (``data``), with the name used in messages.
+
+    ``limit`` is the byte limit the file was opened under: everything unpacked from it (zip members,
+    nested zips) counts against the same limit, checked while streaming (:func:`read_zip_member`).
+    """
 
     name: str
     path: Path | None = None
     data: bytes | None = None
+    limit: int | None = None
+    depth: int = 0
 
     @property
     def suffix(self) -> str:
@@ -112,7 +126,65 @@ def open_source(source, name: str | None, max_bytes: int | None) -> Source:
         )
     if size == 0:
         raise DataError(f"{src.where()} is empty (0 bytes); choose the file that holds the data")
+    src.limit = max_bytes
     return src
+
+
+def _too_big(src: Source, what: str, size: float) -> DataError:
+    return DataError(
+        f"{src.where()}: {what} unpacks to more than {mb(size)}, above the limit of {mb(src.limit or 0)} (the same "
+        "limit as for a plain file; a zip cannot lift it); load a smaller extract, or raise the limit with max_bytes="
+    )
+
+
+def check_zip_sizes(src: Source, zf: zipfile.ZipFile, names: list[str]) -> None:
+    """Declared uncompressed sizes of ``names`` must fit the limit (checked before anything is unpacked)."""
+    if src.limit is None:
+        return
+    declared = sum(zf.getinfo(n).file_size for n in names)
+    if declared > src.limit:
+        raise _too_big(src, f"the zip's {', '.join(names[:5])}", declared)
+
+
+def read_zip_member(src: Source, name: str, out=None) -> bytes | None:
+    """Unpack one member, counting the bytes actually produced against the limit while streaming (a member
+    whose header understates its size is stopped at the limit). Returns the bytes, or writes them to ``out``."""
+    try:
+        with zipfile.ZipFile(src.buffer()) as zf:
+            check_zip_sizes(src, zf, [name])
+            buf = io.BytesIO() if out is None else out
+            total = 0
+            with zf.open(name) as fh:
+                while True:
+                    chunk = fh.read(_CHUNK)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if src.limit is not None and total > src.limit:
+                        raise _too_big(src, f"the zip member '{name}'", total)
+                    buf.write(chunk)
+    except DataError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as e:
+        raise DataError(f"{src.where()}: the zip member '{name}' cannot be unpacked ({_short(e)}); re-create the zip") \
+            from None
+    return buf.getvalue() if out is None else None
+
+
+def extract_zip_members(src: Source, names: list[str], folder: str) -> Path:
+    """Unpack ``names`` into ``folder`` (flat, sanitised names) under one shared size budget; returns the folder."""
+    base = Path(folder)
+    with zipfile.ZipFile(src.buffer()) as zf:
+        check_zip_sizes(src, zf, names)
+    spent = 0
+    for name in names:
+        target = base / re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(name).name)
+        part = Source(src.name, path=src.path, data=src.data,
+                      limit=None if src.limit is None else src.limit - spent, depth=src.depth)
+        with open(target, "wb") as fh:
+            read_zip_member(part, name, out=fh)
+        spent += target.stat().st_size
+    return base
 
 
 def _zip_names(src: Source) -> list[str]:
@@ -159,12 +231,26 @@ def detect_format(src: Source) -> str:
     stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if stripped.startswith((b"{", b"[")) or suffix in JSON_SUFFIXES:
         return "geojson"
+    if _looks_utf16(head):
+        return "csv"  # decode_text explains how to save it as UTF-8
     if _looks_binary(head):
         raise DataError(
             f"{src.where()} is not a text file and not a format that is read (it looks like binary data); "
             f"supported: {SUPPORTED}"
         )
     return "csv"
+
+
+def _looks_utf16(head: bytes) -> bool:
+    """A UTF-16 byte-order mark, or text where every other byte is NUL (ASCII in UTF-16 without BOM)."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    if len(head) < 8:
+        return False
+    even, odd = head[0::2], head[1::2]
+    return (odd.count(0) > 0.9 * len(odd) and even.count(0) < 0.1 * len(even)) or (
+        even.count(0) > 0.9 * len(even) and odd.count(0) < 0.1 * len(odd)
+    )
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -178,6 +264,11 @@ def _looks_binary(head: bytes) -> bool:
 
 def decode_text(raw: bytes, src: Source, report: ReadReport) -> str:
     """Decode CSV bytes as UTF-8 (with or without BOM), else Latin-1 with a note; reject binary content."""
+    if _looks_utf16(raw[:4096]):
+        raise DataError(
+            f"{src.where()} is UTF-16 text (as Excel's 'Unicode Text' writes it), which is not read; save it as "
+            "UTF-8 (in Excel: File > Save As > 'CSV UTF-8'; in an editor: encoding UTF-8) and load that"
+        )
     if _looks_binary(raw[:65536]):
         raise DataError(f"{src.where()} does not look like a text (CSV) file; supported: {SUPPORTED}")
     try:
@@ -208,6 +299,37 @@ def sniff_delimiter(text: str, suffix: str) -> str:
     return best
 
 
+def _check_field_counts(text: str, delim: str, src: Source) -> bool:
+    """Rows with more fields than the header make pandas take the first column(s) as the index, shifting
+    every column silently (``-94.58,39.09,68,89`` under ``lon,lat,mbps``: a decimal comma). Raise DataError
+    when the data rows all carry extra non-empty fields; return True when the extras are only trailing
+    delimiters (empty), which are dropped."""
+    lines = [ln for ln in text.splitlines()[:201] if ln.strip()]
+    try:
+        rows = list(csv.reader(lines, delimiter=delim))
+    except csv.Error:
+        return False
+    if len(rows) < 2:
+        return False
+    width, data = len(rows[0]), rows[1:]
+    extra = [(i, r) for i, r in enumerate(data, start=1) if len(r) > width]
+    if not extra:
+        return False
+    if all(not v.strip() for _, r in extra for v in r[width:]):
+        return True
+    if len(extra) == len(data):
+        i, r = extra[0]
+        comma = (
+            f" — values like '{r[-2]}{delim}{r[-1]}' look like a number with a decimal comma" if delim == "," else ""
+        )
+        raise DataError(
+            f"{src.where()}: data row {i} has {len(r)} fields but the header has {width} ({delim.join(r)[:80]!r})"
+            f"{comma}; the columns would shift. Write decimals with '.', or save the file with ';' as the "
+            "delimiter (then decimal commas are read), or quote values that contain the delimiter"
+        )
+    return False
+
+
 _FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
@@ -219,6 +341,7 @@ def read_csv(
     if not text.strip():
         raise DataError(f"{src.where()} is empty (only blank lines); choose the file that holds the data")
     delim = sep or sniff_delimiter(text, src.suffix)
+    trailing = _check_field_counts(text, delim, src)
     try:
         header = pd.read_csv(io.StringIO(text), sep=delim, nrows=0, engine="c")
         dtype = {c: "string" for c in header.columns if norm_name(c) in ID_COLUMNS}
@@ -230,6 +353,7 @@ def read_csv(
             skipinitialspace=True,
             low_memory=False,
             engine="c",
+            index_col=False if trailing else None,
         )
     except pd.errors.EmptyDataError:
         raise DataError(f"{src.where()} has no header and no rows; choose the file that holds the data") from None
@@ -265,6 +389,10 @@ def read_parquet(src: Source, report: ReadReport) -> tuple[pd.DataFrame, str]:
 
     try:
         pf = pq.ParquetFile(src.buffer())
+        decoded = pf.metadata.num_rows * max(pf.metadata.num_columns, 1) * 8
+        if src.limit is not None and decoded > DECODED_FACTOR * src.limit:
+            raise _too_big(src, f"the Parquet file's {pf.metadata.num_rows:,} rows x {pf.metadata.num_columns} columns",
+                           decoded)
         meta = pf.schema_arrow.metadata or {}
         if b"geo" in meta:
             df = gpd.read_parquet(src.buffer())
@@ -276,16 +404,8 @@ def read_parquet(src: Source, report: ReadReport) -> tuple[pd.DataFrame, str]:
         raise DataError(f"{src.where()} is not a readable Parquet file ({_short(e)}); check or re-export it") from None
 
 
-def _ogr_target(src: Source, tmpdir: str | None, member: str | None = None):
-    if member is None:
-        return str(src.path) if src.path is not None else src.data
-    if src.path is not None:
-        base = str(src.path.resolve())
-    else:
-        base = os.path.join(tmpdir, "upload.zip")  # type: ignore[arg-type]
-        with open(base, "wb") as fh:
-            fh.write(src.data)  # type: ignore[arg-type]
-    return f"/vsizip/{base}/{member}"
+def _ogr_target(src: Source):
+    return str(src.path) if src.path is not None else src.data
 
 
 def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.DataFrame, str]:
@@ -299,6 +419,9 @@ def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.
             shps = [n for n in names if n.lower().endswith(".shp")]
             others = [n for n in names if n.lower().endswith((".gpkg", ".geojson", ".json"))]
             members = shps or others
+            inner_zips = [n for n in names if n.lower().endswith(".zip")]
+            if not members and len(inner_zips) == 1 and len(names) == 1:
+                return _read_nested_zip(src, inner_zips[0], report, layer)
             if not members:
                 return _read_zip_table(src, names, report)
             layers = {Path(n).stem: n for n in members}
@@ -317,7 +440,11 @@ def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.
                 label = "zipped Shapefile"
             else:
                 label = f"zipped {Path(member).suffix.lstrip('.')}"
-            target = _ogr_target(src, tmpdir, member)
+            stem = member.rsplit(".", 1)[0].lower()
+            parts = [n for n in names if n.rsplit(".", 1)[0].lower() == stem] if member.lower().endswith(".shp") \
+                else [member]
+            folder = extract_zip_members(src, parts, tmpdir)
+            target = str(folder / re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(member).name))
             report.layer = chosen if len(layers) > 1 else None
             return _read_ogr_layer(src, target, None, label), "shapefile" if member.lower().endswith(".shp") else fmt
         if fmt == "shp" and src.path is None:
@@ -325,7 +452,7 @@ def read_ogr(src: Source, fmt: str, report: ReadReport, layer=None) -> tuple[pd.
                 f"{src.where()}: a bare .shp upload lacks its .shx/.dbf/.prj parts; "
                 "zip them together and upload the .zip"
             )
-        target = _ogr_target(src, tmpdir)
+        target = _ogr_target(src)
         try:
             infos = pyogrio.list_layers(target if isinstance(target, str) else io.BytesIO(target))
         except Exception as e:
@@ -366,6 +493,18 @@ def _read_ogr_layer(src: Source, target, layer, label: str) -> pd.DataFrame:
     return df
 
 
+def _read_nested_zip(src: Source, name: str, report: ReadReport, layer) -> tuple[pd.DataFrame, str]:
+    """A zip holding one zip: unpack it under the same limit and read it (one level deep)."""
+    if src.depth >= MAX_ZIP_DEPTH:
+        raise DataError(f"{src.where()}: zips nested more than {MAX_ZIP_DEPTH} level deep are not read; unzip it first")
+    data = read_zip_member(src, name)
+    inner = Source(f"{src.name}!{name}", data=data, limit=src.limit, depth=src.depth + 1)
+    if not data.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        raise DataError(f"{inner.where()} is not a zip archive; re-create the zip")
+    report.notes.append(f"read the zip '{name}' inside the zip")
+    return read_ogr(inner, "zip", report, layer=layer)
+
+
 def _read_zip_table(src: Source, names: list[str], report: ReadReport) -> tuple[pd.DataFrame, str]:
     tables = [n for n in names if Path(n).suffix.lower() in TEXT_SUFFIXES | PARQUET_SUFFIXES]
     if len(tables) != 1:
@@ -374,11 +513,9 @@ def _read_zip_table(src: Source, names: list[str], report: ReadReport) -> tuple[
             f"{src.where()}: the zip holds {listing}; expected one Shapefile (.shp with .shx, .dbf, .prj), GeoPackage, "
             "GeoJSON, or a single CSV/Parquet file"
         )
-    with zipfile.ZipFile(src.buffer()) as zf:
-        info = zf.getinfo(tables[0])
-        data = zf.read(tables[0])
-    report.notes.append(f"read '{tables[0]}' from the zip ({mb(info.file_size)} uncompressed)")
-    inner = Source(f"{src.name}!{tables[0]}", data=data)
+    data = read_zip_member(src, tables[0])
+    report.notes.append(f"read '{tables[0]}' from the zip ({mb(len(data))} uncompressed)")
+    inner = Source(f"{src.name}!{tables[0]}", data=data, limit=src.limit, depth=src.depth)
     if data.startswith(b"PAR1"):
         return read_parquet(inner, report)
     df, delim = read_csv(inner, report)

@@ -36,6 +36,28 @@ FORMATS = {
 }
 
 
+#: A text cell starting with one of these is a formula in spreadsheets (``=cmd|' /C calc'!A0``).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every text cell that a spreadsheet would run as a formula prefixed by ``'`` (as
+    spreadsheet-safe CSV writers do); numeric columns are untouched. Use it for every CSV written."""
+    out = frame
+    for col in frame.columns:
+        s = frame[col]
+        if pd.api.types.is_object_dtype(s) or pd.api.types.is_string_dtype(s):
+            text = s.astype("string")
+            risky = text.str.startswith(FORMULA_START).fillna(False).to_numpy(dtype=bool) & s.map(
+                lambda v: isinstance(v, str)
+            ).to_numpy(dtype=bool)
+            if risky.any():
+                if out is frame:
+                    out = frame.copy()
+                out[col] = s.where(~risky, "'" + text)
+    return out
+
+
 def export_predictions(
     grid: gpd.GeoDataFrame,
     path,
@@ -98,7 +120,7 @@ def export_predictions(
         if fmt == "geotiff":
             _write_geotiff(out, path, columns, tags)
         elif fmt == "csv":
-            pd.DataFrame(out.drop(columns=out.geometry.name)).to_csv(path, index=False)
+            spreadsheet_safe(pd.DataFrame(out.drop(columns=out.geometry.name))).to_csv(path, index=False)
         elif fmt == "parquet":
             out.to_parquet(path, index=False)
         elif fmt == "geojson":

@@ -282,12 +282,13 @@ def read_measurements(
     if target is not None:
         report.columns["target"] = target
         yv = gdf[target].to_numpy(dtype=float)
-        report.target_summary = {
-            "min": float(np.min(yv)),
-            "median": float(np.median(yv)),
-            "mean": float(np.mean(yv)),
-            "max": float(np.max(yv)),
-        }
+        with np.errstate(over="ignore", invalid="ignore"):  # values near the float limit: the fit explains
+            report.target_summary = {
+                "min": float(np.min(yv)),
+                "median": float(np.median(yv)),
+                "mean": float(np.mean(yv)),
+                "max": float(np.max(yv)),
+            }
     if weight is not None:
         report.columns["weight"] = weight
     gdf.attrs.update(report=report, target=target, transform=tr.name, weight=weight, time=time_col)
@@ -663,6 +664,13 @@ def _to_wgs84(x, y, crs_in: pyproj.CRS, ctx: _Ctx, *, explicit: bool) -> tuple[n
         _check_degrees(x, y, fin, ctx, lon_name, lat_name, explicit, assumed=not ctx.crs_from_file)
         lon, lat = project(x, y, crs_in, WGS84) if crs_in != WGS84 else (x, y)
     else:
+        if fin.sum() >= 3 and np.all(np.abs(x[fin]) <= 180) and np.all(np.abs(y[fin]) <= 90):
+            declared = "the file declares" if ctx.crs_from_file else "crs= gives"
+            raise DataError(
+                f"{ctx.where()}: {declared} the projected CRS {report.crs_in} (coordinates in metres or feet), "
+                f"but all {int(fin.sum())} coordinates lie within +-180 / +-90, like degrees; the file's CRS is "
+                "probably wrong: set the file's CRS to EPSG:4326 (lon/lat degrees), or read it with crs='EPSG:4326'"
+            )
         lon = np.full(len(x), np.nan)
         lat = np.full(len(y), np.nan)
         if fin.any():
@@ -916,7 +924,10 @@ def _resolve_problems(ctx: _Ctx, allow_drop: bool) -> np.ndarray:
             col = f"column '{p.column}': " if p.column is not None else ""
             hint = f"; {p.hint}" if p.hint else ""
             lines.append(f"{col}{_counted(int(p.mask.sum()), p.reason)} ({ctx.rows_of(p.mask)}){hint}")
-        fix = "fix the file, or pass allow_drop=True (CLI: --allow-drop) to drop these rows"
+        fix = (
+            "fix the file, or drop these rows (Python: allow_drop=True; CLI: fit, predict and evaluate drop them "
+            "unless --no-drop is given, `data inspect` needs --allow-drop)"
+        )
         if len(lines) == 1:
             raise DataError(f"{ctx.where()}, {lines[0]}; {fix}")
         body = "\n".join(f"  - {ln}" for ln in lines)

@@ -111,6 +111,8 @@ class BaseConfig:
                     f"setting {f.name}={v!r} is not allowed; allowed values: {', '.join(map(repr, meta['choices']))}"
                 )
             lo, hi = meta.get("min"), meta.get("max")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"setting {f.name}={v!r} is not a finite number; give a number such as {f.default!r}")
             if lo is not None and (v < lo or (v == lo and not meta.get("min_inclusive", True))):
                 op = ">=" if meta.get("min_inclusive", True) else ">"
                 raise ConfigError(f"setting {f.name}={v!r} is out of range; it must be {op} {lo}")
@@ -225,7 +227,8 @@ def register_alias(name: str, base: str, description: str, **preset) -> None:
 
 
 def _ensure_models_loaded() -> None:
-    import gpcore.models  # noqa: F401  (registers every model family)
+    """Every family is registered: importing this module first runs ``gpcore/models/__init__.py``, which
+    imports each family (so the registry never has to import the package that imports it)."""
 
 
 def available_models() -> list[str]:
@@ -385,9 +388,10 @@ class GPModel:
         lo, hi = X.min(axis=0), X.max(axis=0)
         span = np.where(hi - lo > 0, hi - lo, 1.0)
         self.x_lo_, self.x_span_ = lo, span
-        self.y_mean_ = float(y.mean())
-        sd = float(y.std())
-        self.y_std_ = sd if sd > 0 else 1.0
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by _check_scalers
+            self.y_mean_ = float(y.mean())
+            sd = float(y.std())
+        self.y_std_ = 1.0 if sd == 0 else sd  # NaN/inf stay visible to _check_scalers
 
     def _to_tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, dtype=self.dtype, device=self.device)
@@ -446,6 +450,7 @@ class GPModel:
         self.d_ = X.shape[1]
         self.n_train_ = X.shape[0]
         self._set_scalers(X, y)
+        _check_scalers(self.x_lo_, self.x_span_, self.y_mean_, self.y_std_, "the training data")
         Xs, ys = self.scale_x(X), self.scale_y(y)
         Xv = self.scale_x(X_val) if has_val else None
         yv = self.scale_y(y_val) if has_val else None
@@ -455,8 +460,16 @@ class GPModel:
             self._add_nugget()
             ws, wvs = self._to_tensor(w), (self._to_tensor(wv) if wv is not None else None)
         t0 = time.perf_counter()
-        self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wvs)
-        self.finalize(Xs, ys, ws)
+        try:
+            self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wvs)
+            self.finalize(Xs, ys, ws)
+        except torch.linalg.LinAlgError as e:  # a factorisation of NaN/inf parameters: training diverged
+            from gpcore.errors import TrainingError
+
+            raise TrainingError(
+                f"training diverged: a matrix factorisation failed ({str(e).splitlines()[0][:200]}); lower the "
+                "learning rate (lr) or use dtype='float64'"
+            ) from e
         self.train_info_["fit_seconds"] = time.perf_counter() - t0
         self.fitted_ = True
         self.recal_ = None
@@ -794,6 +807,10 @@ class GPModel:
         """Noise variance in standardised units: the module's ``noise`` (see models/hyper.py)."""
         return self.module_.noise
 
+    def _feature_form(self):
+        """The posterior in feature form (:class:`gpcore.posterior.FeatureForm`); see gpcore/posterior.py."""
+        raise InputError(f"{type(self).__name__} has no feature form, so joint posterior operations are unavailable")
+
     # ---------------------------------------------------------------- persistence
     def _extra_state(self) -> dict:
         """JSON-serialisable state a subclass needs to rebuild its module (shapes etc.)."""
@@ -834,16 +851,24 @@ class GPModel:
 
 
 def load_model(path, device: str | None = None) -> GPModel:
-    """Load a model saved by :meth:`GPModel.save`. Reads JSON and safetensors only (no pickle)."""
-    from safetensors.torch import load_file
+    """Load a model saved by :meth:`GPModel.save`. Reads JSON and safetensors only (no pickle).
 
+    ``model.json`` is validated (types, ``d`` against ``x_lo``/``x_span``, finite scalers) before any
+    module is built, and the tensors must be finite and match the module: a damaged or crafted model
+    raises :class:`InputError`.
+    """
     path = Path(path)
     meta_path = path / "model.json"
     if not meta_path.exists():
         raise InputError(f"'{path}' is not a saved gpcore model (no model.json); pass the directory save() wrote")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != "gpcore-model":
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"'{meta_path}' is not valid JSON ({e}); the model files are damaged, re-run the fit") \
+            from None
+    if not isinstance(meta, dict) or meta.get("format") != "gpcore-model":
         raise InputError(f"'{meta_path}' is not a gpcore model file")
+    _check_saved_meta(meta, meta_path)
     spec = model_spec(meta["model"])
     cfg = dict(meta["config"])
     if device is not None:
@@ -860,7 +885,19 @@ def load_model(path, device: str | None = None) -> GPModel:
     model.train_info_ = meta.get("train_info", {})
     model.recal_ = meta.get("recalibration")
     model.history_ = meta.get("history", [])
-    state = load_file(str(path / "model.safetensors"))
+    state = _load_tensors(path / "model.safetensors")
+    bad = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+    if bad:
+        raise InputError(f"'{path}': tensor(s) {', '.join(bad[:5])} hold NaN or inf; re-run the fit")
+    with torch.device("meta"):  # sizes the config implies, without allocating anything
+        probe = model._build(model.d_, None, None)
+    implied = sum(v.numel() for v in probe.state_dict().values())
+    saved = sum(v.numel() for v in state.values())
+    if implied > 2 * saved + 4096:
+        raise InputError(
+            f"'{path}': model.json implies {implied:,} parameters but model.safetensors holds {saved:,}; "
+            "the model files do not belong together, re-run the fit"
+        )
     module = model._build(model.d_, None, None).to(device=model.device, dtype=model.dtype)
     model.module_ = module
     if meta.get("weighted", False):  # absent in models saved before weights existed: unweighted
@@ -870,6 +907,78 @@ def load_model(path, device: str | None = None) -> GPModel:
     model.module_.eval()
     model.fitted_ = True
     return model
+
+
+def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``model.safetensors`` file (InputError when missing or damaged)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not file.is_file():
+        raise InputError(f"'{file}' is missing; the model files are incomplete, re-run the fit")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise InputError(f"'{file}' is not a readable safetensors file ({e}); re-run the fit") from None
+
+
+def _check_scalers(x_lo, x_span, y_mean, y_std, what: str) -> None:
+    """The input box and target scale must be finite (and positive): else every prediction is NaN."""
+    x_lo, x_span = np.asarray(x_lo, dtype=np.float64), np.asarray(x_span, dtype=np.float64)
+    if not (np.all(np.isfinite(x_lo)) and np.all(np.isfinite(x_span)) and np.all(x_span > 0)):
+        raise InputError(
+            f"{what}: the input coordinates span a non-finite range (values near the float limit); "
+            "check the coordinate columns"
+        )
+    if not (math.isfinite(y_mean) and math.isfinite(y_std) and y_std > 0):
+        raise InputError(
+            f"{what}: the target's mean or standard deviation is not finite (values near the float limit, e.g. "
+            "1e308, overflow); rescale the target column (divide it by a power of ten) or use a log transform"
+        )
+
+
+#: Largest input dimension a saved model may declare (spatial models use 2; the guard stops a crafted
+#: model.json from allocating gigabytes before its tensors are checked).
+MAX_SAVED_D = 4096
+
+
+def _check_saved_meta(meta: dict, meta_path: Path) -> None:
+    """Validate model.json's types and sizes before anything is allocated (InputError naming the field)."""
+
+    def bad(field: str, why: str) -> InputError:
+        return InputError(f"'{meta_path}': field '{field}' {why}; the model files are damaged, re-run the fit")
+
+    for key in ("model", "config", "d", "n_train", "x_lo", "x_span", "y_mean", "y_std"):
+        if key not in meta:
+            raise bad(key, "is missing")
+    if not isinstance(meta["model"], str):
+        raise bad("model", "is not a model name")
+    if not isinstance(meta["config"], dict):
+        raise bad("config", "is not an object of settings")
+    d = meta["d"]
+    if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_SAVED_D:
+        raise bad("d", f"= {d!r} is not an input dimension in 1..{MAX_SAVED_D}")
+    n = meta["n_train"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise bad("n_train", f"= {n!r} is not a positive count")
+    for key in ("x_lo", "x_span"):
+        v = meta[key]
+        if not isinstance(v, list) or len(v) != d or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) for a in v
+        ):
+            raise bad(key, f"is not a list of {d} numbers (d = {d})")
+    for key in ("y_mean", "y_std"):
+        if isinstance(meta[key], bool) or not isinstance(meta[key], (int, float)):
+            raise bad(key, "is not a number")
+    for key in ("extra", "train_info"):
+        if key in meta and not isinstance(meta[key], dict):
+            raise bad(key, "is not an object")
+    if "history" in meta and not isinstance(meta["history"], list):
+        raise bad("history", "is not a list")
+    try:
+        _check_scalers(meta["x_lo"], meta["x_span"], float(meta["y_mean"]), float(meta["y_std"]), str(meta_path))
+    except InputError as e:
+        raise InputError(f"{e}; the model files are damaged, re-run the fit") from None
 
 
 def _load_state_resizing(module: nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -37,6 +37,13 @@ per epoch (C1: "linear time" only with i-way parallel hardware).
 Prediction inherently needs the training inputs and the actions (5.5): both are stored as buffers
 together with the cached float64 factor ``L_c`` and ``v~``; a test point costs n kernel
 evaluations plus O(i^2).
+
+Feature form (joint posterior, :mod:`gpcore.posterior`): ``K_i`` is the prior downdated by the projected
+data, i.e. ``F = 0`` and a residual with features ``psi(x) = L_c^{-1} S^T K(X, x)`` (``i`` of them), mean
+weights ``L_c^T v~``, conditioning set ``J = X`` (the actions' layout), ``T^T = S^T`` and ``nu = sigma2``.
+Supported: the joint covariance, exceedance, areas (``O(n_a^2)`` kernel values per area) and pathwise
+joint samples (each place costs ``n`` kernel evaluations, as prediction does); suggestions work
+through the dense engine of :mod:`gpcore.decide` (small candidate and target sets).
 """
 
 from __future__ import annotations
@@ -1062,6 +1069,33 @@ class CaGP(GPModel):
         post = CaGPPosterior(mod.kernel, mod.actions(), mod.Lc, mod.vt, mod.mu0.double())
         mean, var = post.mean_var(xb)
         return mean.to(xb.dtype), var.clamp_min(0.0).to(xb.dtype)
+
+    def _feature_form(self):
+        from gpcore.posterior import FeatureForm, Residual
+
+        mod = self.module_
+        acts = mod.actions()
+        Lc, vt = mod.Lc.double(), mod.vt.double()
+        kern = mod.kernel
+
+        def features(xs):
+            KS = acts.kernel_times(kern, xs.to(acts.X.dtype)).double()
+            return torch.linalg.solve_triangular(Lc, KS.T, upper=False).T
+
+        res = Residual(
+            latent=lambda xs: xs.double(),
+            kernel=lambda a1, a2: stationary(kern.name, a1.double(), a2.double(), kern.lengthscale.double(),
+                                             kern.outputscale.double()),
+            base=kern.name,
+            lengthscale=kern.lengthscale.detach().double(),
+            outputscale=float(kern.outputscale),
+            cond=acts.X.detach().double(),
+            chol=Lc,
+            nu=float(mod.noise),
+            project=lambda v: acts.t_rows(v.to(torch.float64)),
+        )
+        return FeatureForm(features=features, mean=Lc.T @ vt, factor=torch.zeros(Lc.shape[0], 0, dtype=torch.float64),
+                           mu0=float(mod.mu0), residual=res, note="prior downdated by i projections of the data")
 
     def _kernel_s(self, x1, x2):
         return self.module_.kernel(x1, x2)

@@ -13,6 +13,10 @@ Objectives:
   Prediction by the weight posterior ``N(Lambda^{-1} Phi^T yc, sigma2 Lambda^{-1})`` (eq. 10).
 * ``objective="dppgp"``: mini-batch predictive NLL + ``alpha`` trace term + ``beta/n`` KL with
   ``q(w) = N(m, L L^T)`` (2.6); prediction ``N(mu0 + m^T phi, ||L^T phi||^2 + sigma2)`` (2.7).
+
+Feature form (joint posterior, :mod:`gpcore.posterior`): ``f(x) = mu0 + phi(x)^T w`` with ``w ~ N(m, F F^T)``,
+``(m, F)`` = :meth:`DBK.posterior_q` (the exact posterior of eq. 10 for MML, ``q(w)`` for dPPGP). The kernel
+``phi^T phi'`` is degenerate, so nothing lies outside the features: no residual.
 """
 
 from __future__ import annotations
@@ -376,6 +380,20 @@ class DBK(GPModel):
             return Phi @ self.module_.features(xr)[0]
 
         return inner
+
+    def _feature_form(self):
+        from gpcore.posterior import FeatureForm
+
+        mod = self.module_
+        m, F = self.posterior_q()
+        Lz = mod.chol_zz() if mod.basis == "rbf" else None
+        return FeatureForm(
+            features=lambda xs: mod.features(xs, Lz).double(),
+            mean=m.detach().double(),
+            factor=F.detach().double(),
+            mu0=float(mod.mu0),
+            note="degenerate kernel phi^T phi': the weight posterior is the whole posterior",
+        )
 
     @torch.no_grad()
     def features(self, X) -> torch.Tensor:

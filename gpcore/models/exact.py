@@ -3,6 +3,11 @@
 Kernel ``outputscale * rho(||(x - x') / ell||)`` with ``rho`` RBF or Matérn-1/2, 3/2, 5/2, ARD or
 shared lengthscale, constant mean, Gaussian noise; all learned by maximising the exact log
 marginal likelihood (full batch). Cost O(n^3) time and O(n^2) memory: n up to a few thousand.
+
+Feature form (joint posterior, :mod:`gpcore.posterior`): the dense posterior ``k(x, x') - k_xX (K + s2 I)^{-1} k_Xx'``
+written as ``F = 0`` and a residual with conditioning set ``J = X`` (the training inputs), ``nu = s2``,
+``L_J = chol(K + s2 I)`` and features ``psi(x) = L_J^{-1} k(X, x)`` (mean weights ``L_J^T alpha``); each
+place costs ``O(n^2)``.
 """
 
 from __future__ import annotations
@@ -104,6 +109,30 @@ class ExactGP(GPModel):
         v = torch.linalg.solve_triangular(mod.L, Ksx.T, upper=False)
         var = mod.outputscale - v.pow(2).sum(0)
         return mean, var
+
+    def _feature_form(self):
+        from gpcore.posterior import FeatureForm, Residual
+
+        mod = self.module_
+        X = mod.X_train.double()
+        s2 = float(mod.noise)
+        K = mod.K(X, X).double() + s2 * torch.eye(X.shape[0], dtype=torch.float64, device=X.device)
+        L = psd_safe_cholesky(K)
+        mean = L.T @ mod.alpha.double()  # psi^T L^T alpha = k_xX alpha
+        kern = lambda a1, a2: stationary(  # noqa: E731
+            mod.kernel_name, a1.double(), a2.double(), mod.lengthscale.double(), mod.outputscale.double()
+        )
+        res = Residual(latent=lambda xs: xs.double(), kernel=kern, base=mod.kernel_name,
+                       lengthscale=mod.lengthscale.detach().double(), outputscale=float(mod.outputscale),
+                       cond=X, chol=L, nu=s2)
+        return FeatureForm(
+            features=lambda xs: torch.linalg.solve_triangular(L, kern(X, xs), upper=False).T,
+            mean=mean,
+            factor=torch.zeros(X.shape[0], 0, dtype=torch.float64, device=X.device),
+            mu0=float(mod.mu0),
+            residual=res,
+            note="dense posterior: prior downdated by the training data",
+        )
 
     def _kernel_s(self, x1, x2):
         return self.module_.K(x1, x2)

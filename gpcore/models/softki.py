@@ -24,6 +24,10 @@ TSQR over row chunks so no ``n x m`` matrix is ever held. Prediction::
     mu_f(x)  = w(x)^T (K_zz alpha)
     s2_f(x)  = || R^{-T} K_zz w(x) ||^2        (C^ = R^T R; the corrected variance, NOT eq. 24 — S4)
 
+Feature form (joint posterior, :mod:`gpcore.posterior`): ``f(x) = w(x)^T u`` with the posterior
+``u ~ N(K_zz alpha, K_zz C^{-1} K_zz) = N(K_zz alpha, P^T P)`` (4.3), i.e. features ``w(x)``, mean
+``K_zz alpha`` and factor ``P^T``. The interpolated kernel is degenerate: no residual.
+
 The building blocks (:func:`softmax_weights`, :func:`pseudo_logp`, :func:`exact_batch_logp`,
 :func:`qr_fit`, :func:`qr_fit_stream`, :func:`normal_equation_fit`) are plain functions of tensors so
 tests can compare them with dense float64 oracles; the inducing points start from
@@ -528,7 +532,7 @@ class SoftKI(GPModel):
     def fit_posterior(self, Xs: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Streaming QR fit on scaled data with the current parameters: ``(alpha, R)`` in float64.
 
-        When the data is this rank's shard of a distributed fit (:func:`gpcore.distributed.fit_sharded`),
+        When the data is this rank's shard of a distributed fit (:func:`gpcore.sharded.fit_sharded`),
         each rank folds its own rows (rank 0 also the prior block) and the partial ``(m+1) x (m+1)``
         factors are all-gathered and merged by one more QR (TSQR), so every rank gets the full-data fit.
         """
@@ -559,6 +563,18 @@ class SoftKI(GPModel):
         mean = w @ mod.kzz_alpha
         var = (w @ mod.var_factor.T).pow(2).sum(-1)
         return mean, var
+
+    def _feature_form(self):
+        from gpcore.posterior import FeatureForm
+
+        mod = self.module_
+        return FeatureForm(
+            features=lambda xs: mod.weights(xs, torch.float64),
+            mean=mod.kzz_alpha.detach().double(),
+            factor=mod.var_factor.detach().double().T,
+            mu0=float(self._prior_mean_s()),
+            note="softmax interpolation weights w(x); degenerate kernel w^T K_zz w'",
+        )
 
     # ------------------------------------------------------------------ kernel
     def _kernel_s(self, x1, x2):

@@ -22,6 +22,12 @@ family is ``q(u) q(v_perp) p_perp(f_perp | v_perp)`` with ``q(u) = N(m_u, L_u L_
   factors ``L_u0``, ``L_u0^{-1} K_uv``, ``L_v0`` and ``L_u^T L_u0^{-T}``, ``L_v^T L_v0^{-T}``): per test point
   ``O(M^2 + M2^2 + M M2)``, independent of ``N``; the training set is not stored.
 
+Feature form (joint posterior, :mod:`gpcore.posterior`), from eq. (38): with ``b(x) = L_u0^{-1} k_u(x)`` and
+``d(x) = L_v0^{-1} c_v(x)`` the features are ``psi = [b; d]`` (the whitened Nyström features of ``Z ∪ O``:
+``L_J = [[L_u0, 0], [A^T, L_v0]]`` factors ``K_JJ`` plus jitter), the weights
+``N([L_u0^{-1} m_u; L_v0^{-1} m_v], blockdiag(L_u0^{-1} L_u, L_v0^{-1} L_v) (...)^T)`` and the residual
+``k - psi^T psi' = c(x, x') - c_xO C_vv^{-1} c_Ox'`` (correlated; conditioning set ``J = Z ∪ O``).
+
 Test/diagnostic building blocks (all on scaled tensors): :meth:`SolveGP.marginals` (Algorithm 1),
 :meth:`SolveGP.marginals_dense` (eqs. 33–34 by dense solves), :meth:`SolveGP.elbo` (full-data sum form),
 :meth:`SolveGP.kl_terms`, :meth:`SolveGP.collapsed_bound` (eq. 9), :meth:`SolveGP.optimal_qv`
@@ -557,6 +563,41 @@ class SolveGP(GPModel):
         cond = (mod.outputscale.to(dt) - b.pow(2).sum(0) - dd.pow(2).sum(0)).clamp_min(0.0)
         var = cond + (mod.cache_Pu.to(dt) @ b).pow(2).sum(0) + (mod.cache_Pv.to(dt) @ dd).pow(2).sum(0)
         return mean, var
+
+    def _feature_form(self):
+        from gpcore.posterior import FeatureForm, Residual
+
+        mod = self.module_
+        pr = self.prior_factors()
+        m_u, L_u, m_v, L_v = self.q_unwhitened(pr)
+        L_u0, A, L_v0 = pr["L_u0"], pr["A"], pr["L_v0"]
+        M, M2 = L_u0.shape[0], L_v0.shape[0]
+        Z, O = mod.Z.detach().double(), mod.O.detach().double()
+
+        def features(xs):
+            x = xs.double()
+            b = _tri(L_u0, mod.K(Z, x))
+            d = _tri(L_v0, mod.K(O, x) - A.T @ b)
+            return torch.cat([b, d], 0).T
+
+        L_J = torch.zeros(M + M2, M + M2, dtype=torch.float64, device=L_u0.device)
+        L_J[:M, :M], L_J[M:, :M], L_J[M:, M:] = L_u0, A.T, L_v0
+        F = torch.zeros_like(L_J)
+        F[:M, :M], F[M:, M:] = _tri(L_u0, L_u), _tri(L_v0, L_v)
+        os_ = float(mod.outputscale)
+        res = Residual(
+            latent=lambda xs: xs.double(),
+            kernel=lambda a1, a2: mod.K(a1.double(), a2.double()),
+            base=mod.kernel_name,
+            lengthscale=mod.lengthscale.detach().double(),
+            outputscale=os_,
+            cond=torch.cat([Z, O]),
+            chol=L_J,
+            nu=mod.jitter * os_,
+        )
+        mean = torch.cat([_tri(L_u0, m_u[:, None])[:, 0], _tri(L_v0, m_v[:, None])[:, 0]])
+        return FeatureForm(features=features, mean=mean.detach(), factor=F.detach(), mu0=float(mod.mu0),
+                           residual=res, note="Nystrom features of Z and O plus the correlated residual")
 
     # ------------------------------------------------------------------ kernel / noise
     def _kernel_s(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:

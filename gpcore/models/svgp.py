@@ -19,6 +19,12 @@ Objectives (per-point form of 1.4, minimised over mini-batches):
   in expectation over batches this is ``-ELBO / n``.
 * ``objective="ppgp"`` (PPGP, 3.2): ``mean_B[-log N(y; mu_f, s2f_corr + s2)] + (beta / n) KL``.
 
+Feature form (joint posterior, :mod:`gpcore.posterior`): ``f(x) = mu0 + phi(x)^T w + g(x)`` with
+``w ~ N(m, L L^T)`` and the Nyström residual ``g ~ GP(0, kt(a, a') - phi^T phi')`` independent of ``w``
+(``q(f) = int p(f | u) q(u) du``: given ``u`` the prior's conditional covariance is that residual, which
+is correlated between nearby places). Its conditioning set is ``Z`` in latent space with
+``L_J = L_Z`` and ``nu = jitter * sigma_k^2``; marginally it gives ``s2f_corr`` above.
+
 Numerics (1.5): ``K_ZZ + jitter * sigma_k^2 I`` is factorised in float64 with the jitter-retry loop,
 and the ``r x b`` kernel block and its triangular solve are done in float64 too (at the default
 initialisation the lengthscale exceeds the inducing-point spacing, so ``K_ZZ`` has a condition number
@@ -361,6 +367,31 @@ class SVGP(GPModel):
             raise AttributeError("kernel='deep' has its inducing points in the backbone's latent space R^h")
         Z = self.module_.Z.detach().double().cpu().numpy()
         return (Z + 1.0) / 2.0 * self.x_span_ + self.x_lo_
+
+    def _feature_form(self):
+        from gpcore.posterior import FeatureForm, Residual
+
+        mod = self.module_
+        Lz = mod.chol_zz()
+        os_ = float(mod.outputscale)
+        res = Residual(
+            latent=lambda xs: mod.latent(xs).double(),
+            kernel=lambda a1, a2: mod.kt(a1.double(), a2.double()),
+            base=mod.base,
+            lengthscale=mod.lengthscale.detach().double(),
+            outputscale=os_,
+            cond=mod.Z.detach().double(),
+            chol=Lz,
+            nu=mod.jitter * os_,
+        )
+        return FeatureForm(
+            features=lambda xs: mod.features64(xs, Lz)[0],
+            mean=mod.m.detach().double(),
+            factor=mod.q_factor().detach().double(),
+            mu0=float(mod.mu0),
+            residual=res,
+            note="whitened inducing features plus the correlated Nystrom residual",
+        )
 
     @torch.no_grad()
     def features(self, X) -> torch.Tensor:

@@ -63,3 +63,42 @@ def app(store):
     from streamlit.testing.v1 import AppTest
 
     return AppTest.from_file(APP, default_timeout=TIMEOUT)
+
+
+# ---------------------------------------------------------------------------------------------
+# the grid-map component (app/gridmap.py) in AppTest, which draws custom components as unknown elements
+# ---------------------------------------------------------------------------------------------
+
+
+def gridmaps(at) -> dict:
+    """``{widget key: component args}`` of every grid map on the page (mean/width maps and kernel slices)."""
+    import json
+
+    out = {}
+
+    def walk(node):
+        for child in getattr(node, "children", {}).values():
+            if getattr(child, "type", None) == "component_instance":
+                ci = child.proto
+                out[child.key] = {**json.loads(ci.json_args), "_id": ci.id}
+            walk(child)
+
+    walk(at._tree)
+    return out
+
+
+def click_grid(at, key: str, cell: int, lon: float = 0.0, lat: float = 0.0):
+    """Send a click on grid row ``cell`` of the grid map ``key``, as the browser component reports it."""
+    import json
+    import time
+
+    from streamlit.proto.WidgetStates_pb2 import WidgetStates
+
+    maps = gridmaps(at)
+    assert key in maps, f"no grid map keyed {key!r}; keys: {list(maps)}"
+    states = WidgetStates()
+    states.CopyFrom(at._tree.get_widget_states())
+    w = states.widgets.add()
+    w.id = maps[key]["_id"]
+    w.json_value = json.dumps({"cell": int(cell), "lon": lon, "lat": lat, "t": time.time()})
+    return at._run(states)

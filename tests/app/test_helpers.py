@@ -1,4 +1,4 @@
-"""The dashboard's pure helpers: colours, rasterised grids, deck specs, the selection adapter, URLs."""
+"""The dashboard's pure helpers: colours, rasterised grids, deck specs, the grid map's lookup, URLs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from app import layers as L
 from app import raster as R
 from app.colors import ColorScale, format_number, legend_html, lut, robust_limits
-from app.selection import picked, picked_point
+from gpcore.errors import DataError
 
 
 def test_colour_index_is_quantised_with_a_transparent_slot():
@@ -64,23 +64,17 @@ def test_raster_leaves_gaps_transparent():
 
 
 def test_deck_spec_splices_raw_json_and_has_no_basemap_offline():
-    cells = L.cells_json(["a", "b"], [-66.0, -66.1], [18.0, 18.1], {"m": ["1", "2"]})
-    spec = L.deck_spec(
-        [L.bitmap_layer("colour", "data:image/png;base64,AAAA", (-67, 17.8, -65, 18.6)),
-         L.pick_layer("cells", L.Raw(cells), 100.0)],
-        L.view_for_bounds((-67, 17.8, -65, 18.6)),
-    )
+    dots = L.points_json([-66.0, -66.1], [18.0, 18.1], np.array([[1, 2, 3], [4, 5, 6]]), {"v": ["1", "2"]})
+    spec = L.deck_spec([L.points_layer("measurements", L.Raw(dots))], L.view_for_bounds((-67, 17.8, -65, 18.6)))
     d = json.loads(spec)
     assert d["mapStyle"] == "__MAP_STYLE__"  # Streamlit's "no basemap" sentinel: no tile requests
-    assert d["layers"][1]["data"] == [
-        {"id": "a", "p": [-66.0, 18.0], "m": "1"}, {"id": "b", "p": [-66.1, 18.1], "m": "2"}
+    assert d["layers"][0]["data"] == [
+        {"p": [-66.0, 18.0], "c": [1, 2, 3], "v": "1"}, {"p": [-66.1, 18.1], "c": [4, 5, 6], "v": "2"}
     ]
-    assert d["layers"][0]["image"].startswith("data:image/png")  # not turned into an accessor
-    assert d["layers"][1]["getFillColor"][3] > 0, "alpha 0 would make ColumnLayer cells unpickable"
-    assert d["layers"][0]["pickable"] is False
+    assert d["layers"][0]["getPosition"] == "@@=p"
     online = json.loads(L.deck_spec([], L.view_for_bounds((0, 0, 1, 1)), basemap=True))
     assert "cartocdn" in online["mapStyle"]
-    deck = L.PrebuiltDeck(spec, tooltip=L.tooltip("{id}"))
+    deck = L.PrebuiltDeck(spec, tooltip=L.tooltip("{v}"))
     assert deck.to_json() == spec and deck.nbytes == len(spec)
 
 
@@ -90,19 +84,38 @@ def test_view_fits_the_bounds():
     assert 7 < v["zoom"] < 9
 
 
-def test_selection_adapter_reads_typed_and_plain_states():
-    from streamlit.elements.deck_gl_json_chart import PydeckSelectionSerde
+def test_grid_map_lookup_round_trips_the_pixel_to_cell_index():
+    """What the browser decodes (index PNG, float32 values) is the raster index and the grid's values."""
+    import base64
+    import io
 
-    raw = {"selection": {"indices": {"cells": [7]}, "objects": {"cells": [{"id": "42", "p": [-66.1, 18.2]}]}}}
-    typed = PydeckSelectionSerde().deserialize(json.dumps(raw))
-    for state in (raw, typed, raw["selection"]):
-        assert picked(state)["index"] == 7
-        assert picked_point(state, "cells") == (-66.1, 18.2, "42")
-    assert picked_point(PydeckSelectionSerde().deserialize(None)) is None
-    assert picked_point({"selection": {"indices": {}, "objects": {}}}) is None
-    assert picked_point(raw, "other-layer") is None
-    assert picked_point({"selection": {"objects": {"cells": [{"lon": 1, "lat": 2}]}}}) == (1.0, 2.0, None)
-    assert picked_point({"selection": {"objects": {"cells": ["junk"]}}}) is None
+    from PIL import Image
+
+    from app import gridmap
+
+    lon, lat = np.meshgrid(np.linspace(-67, -66, 40), np.linspace(18, 18.4, 30))
+    lon, lat = lon.ravel(), lat.ravel()
+    keep = np.arange(lon.size) % 7 != 3  # holes: pixels with no cell
+    lon, lat = lon[keep], lat[keep]
+    hw, hh = np.full(lon.size, 1 / 78), np.full(lon.size, 0.2 / 29)
+    ri = R.build_raster_index(lon, lat, hw, hh)
+    values = {"m": np.linspace(1, 2, lon.size), "lo": np.zeros(lon.size), "hi": np.ones(lon.size),
+              "w": np.ones(lon.size), "wt": np.full(lon.size, 0.5)}
+    lk = gridmap.lookup(ri, np.arange(lon.size) + 100, values, "Mbps", "log10(Mbps)", key="k")
+    png = base64.b64decode(lk["index_png"].split(",", 1)[1])
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int64).reshape(-1, 3)
+    decoded = (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+    want = np.where(ri.pix2cell >= ri.n_cells, gridmap.NO_CELL, ri.pix2cell)
+    np.testing.assert_array_equal(decoded, want)
+    assert (decoded == gridmap.NO_CELL).any() and (decoded < lon.size).any()
+    ids = np.frombuffer(base64.b64decode(lk["ids"]), dtype=np.int32)
+    np.testing.assert_array_equal(ids, np.arange(lon.size) + 100)
+    m = np.frombuffer(base64.b64decode(lk["vals"]["m"]), dtype=np.float32)
+    np.testing.assert_allclose(m, values["m"], rtol=1e-6)
+    assert (lk["w"], lk["h"], lk["bounds"]) == (ri.width, ri.height, list(ri.bounds))
+    assert gridmap.picked_cell({"cell": 5, "lon": 0, "lat": 0}) == 5
+    assert gridmap.picked_cell(None) is None and gridmap.picked_cell({"cell": -1}) is None
+    assert gridmap.picked_cell({"cell": "x"}) is None
 
 
 def test_dataset_spec_round_trips_through_the_url():
@@ -111,7 +124,8 @@ def test_dataset_spec_round_trips_through_the_url():
     spec = DatasetSpec(quarter="2023Q2", transform="log", strata=None, weight="tests")
     back = DatasetSpec.from_query(spec.to_query())
     assert back == spec
-    assert DatasetSpec.from_query({"data": "file:/etc/passwd"}) is None, "URLs may name samples and uploads only"
+    with pytest.raises(DataError, match="not allowed"):  # URLs may name samples and uploads only
+        DatasetSpec.from_query({"data": "file:/etc/passwd"})
     assert parse_xref(format_xref((-66.123456, 18.5))) == (-66.12346, 18.5)
     assert parse_xref("1,2,3") is None and parse_xref("200,0") is None
 
@@ -153,8 +167,9 @@ def test_widths_violins_split_by_stratum():
     test = pd.DataFrame({"model": ["a"] * 4 + ["b"] * 4, "var_y": [0.1, 0.2, 0.1, 0.3] * 2,
                          "stratum": ["metro", "non-metro"] * 4, "mean": 0.0, "y": 0.1})
     fig = width_violins(test, "log10(Mbps)")
-    assert [t.type for t in fig.data] == ["violin", "violin"]
+    assert [t.type for t in fig.data] == ["violin"] * 4, "one violin per (stratum, model)"
     assert {t.name for t in fig.data} == {"metro (urban)", "non-metro (rural)"}
+    assert [t.name for t in fig.data if t.showlegend] == ["metro (urban)", "non-metro (rural)"]
     assert float(fig.data[0].y[0]) == pytest.approx(2 * 1.959964 * np.sqrt(0.1), rel=1e-5)
     metrics = pd.DataFrame({"model": ["a", "a"], "group": ["metro", "non-metro"], "coverage": [0.9, 0.97]})
     assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95
@@ -175,3 +190,37 @@ def test_width_map_title_says_for_how_many_measurements():
     assert "for a value from 1 measurement (tests = 1)" in title and "recalibrated" in title
     run.manifest = {}
     assert grid_scale(run, "width", "viridis")[2] == "95% prediction-interval width (log10(Mbps))"
+
+
+def test_every_chart_gives_a_stratum_the_same_colour_and_many_strata_stay_violins():
+    import pandas as pd
+
+    from app.charts import DISPLAY, coverage_bars, stratum_colors, width_violins
+    from app.safe_html import html_text
+
+    strata = ["INLAND", "NEAR BAY", "<1H OCEAN", "NEAR OCEAN", "ISLAND"]
+    rng = np.random.default_rng(0)
+    test = pd.DataFrame({"model": np.repeat(["dbk-rbf", "svgp"], 50), "var_y": rng.uniform(0.01, 0.1, 100),
+                         "stratum": np.tile(strata, 20), "mean": 0.0, "y": 0.1})
+    metrics = pd.DataFrame({"model": np.repeat(["dbk-rbf", "svgp"], 6), "group": ["all", *strata] * 2,
+                            "coverage": rng.uniform(0.9, 0.99, 12)})
+    colors = stratum_colors([*strata, "all"])
+    assert len({colors[s] for s in strata}) == len(strata), "a colour of its own per stratum"
+    violins = width_violins(test, "log10(y)", colors)
+    bars = coverage_bars(metrics, colors=colors)
+    # trace names are HTML to plotly: '<1H OCEAN' is sent escaped (app.safe_html) and shown as written
+    assert [t.name for t in violins.data if t.showlegend] == [html_text(s) for s in sorted(strata)]
+    assert len(violins.data) == 2 * len(strata), "each (model, stratum) violin is scaled on its own"
+    assert all(len(set(t.x)) == 1 for t in violins.data)
+    by_name = {t.name: t.line.color for t in violins.data}
+    for t in bars.data:
+        if t.name != "all":
+            assert t.marker.color == by_name[t.name], t.name
+    assert all(t.scalemode == "width" and t.side == "both" for t in violins.data), "full violins, same width"
+    assert violins.layout.violinmode == "group"
+    # two strata: halves of one violin, urban left, the colours of urban and rural
+    two = width_violins(test.assign(stratum=np.tile(["non-metro", "metro"], 50)), "")
+    halves = {(t.name, t.side) for t in two.data}
+    assert halves == {(DISPLAY["metro"], "negative"), (DISPLAY["non-metro"], "positive")}
+    lo, hi = bars.layout.yaxis.range
+    assert lo <= 0.8 and hi > 1.0, "the 95 % line in context and the bar labels inside the axis"

@@ -8,26 +8,11 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from streamlit.proto.WidgetStates_pb2 import WidgetStates
-from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1 import AppTest  # noqa: F401
+
+from tests.app.conftest import click_grid, gridmaps
 
 RUN = "20240101-000000-000-dbk-rbf"
-
-
-def deck(at: AppTest, key: str):
-    hits = [d for d in at.get("deck_gl_json_chart") if d.key == key]
-    assert hits, f"no map keyed {key!r}; keys: {[d.key for d in at.get('deck_gl_json_chart')]}"
-    return hits[0]
-
-
-def select_cell(at: AppTest, key: str, obj: dict, index: int) -> AppTest:
-    """Inject a deck.gl click the way the browser reports it (AppTest has no pydeck interaction API)."""
-    states = WidgetStates()
-    states.CopyFrom(at._tree.get_widget_states())
-    w = states.widgets.add()
-    w.id = deck(at, key).proto.id
-    w.string_value = json.dumps({"selection": {"indices": {"cells": [index]}, "objects": {"cells": [obj]}}})
-    return at._run(states)
 
 
 def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
@@ -43,17 +28,16 @@ def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
     i = len(grid) // 2
     cell = grid.iloc[i]
     lon, lat = round(float(cell.lon), 5), round(float(cell.lat), 5)
-    select_cell(app, f"pick_{RUN}", {"id": str(cell.cell_id), "p": [lon, lat], "m": "1"}, i)
+    click_grid(app, f"pick_{RUN}", i, float(cell.lon), float(cell.lat))
     assert not app.exception, [e.value for e in app.exception]
     assert app.session_state["ua_xref"] == (lon, lat)
     assert any(f"cell `{int(cell.cell_id)}`" in m.value for m in app.markdown)
     # the slice map is drawn around x_ref: its marker sits on the picked cell
-    specs = [json.loads(d.proto.json) for d in app.get("deck_gl_json_chart")]
-    slices = [sp for sp in specs if not any(layer["id"] == "cells" for layer in sp["layers"])]
-    assert len(slices) == 1, "one kernel-slice map (not pickable) beside the main map"
-    spec = slices[0]
-    marker = next(layer for layer in spec["layers"] if layer["id"] == "xref-outer")
-    assert marker["data"][0]["p"] == pytest.approx([lon, lat])
+    maps = gridmaps(app)
+    assert maps[f"pick_{RUN}"]["clickable"] and maps[f"pick_{RUN}"]["lookup"], "the main map takes clicks"
+    slices = [a for k, a in maps.items() if k.startswith("slice_")]
+    assert len(slices) == 1 and not slices[0]["clickable"], "one kernel-slice map beside the main map"
+    assert slices[0]["marker"] == pytest.approx([lon, lat]), "its marker sits on the picked cell"
     # the point's posterior mean and 95 % interval are the model's, back-transformed to Mbps
     model = load_model(store / RUN / "model")
     pred = model.predict(np.array([[lon, lat]]))
@@ -72,8 +56,8 @@ def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
     # strata outlines (the bundled metro / non-metro counties) overlay both maps
     app.checkbox(key="w_strata_outline").check().run()
     assert not app.exception
-    layer_ids = {layer["id"] for d in app.get("deck_gl_json_chart") for layer in json.loads(d.proto.json)["layers"]}
-    assert {"strata-0", "strata-1", "region"} <= layer_ids
+    outlines = [o for a in gridmaps(app).values() for o in a["outlines"]]
+    assert len(outlines) == 2 * 3, "region + metro + non-metro outlines on both maps"
 
 
 def test_correlation_slice_is_one_at_the_reference(store):

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT
+from tests.app.conftest import APP, TIMEOUT, gridmaps
 
-PAGES = ["app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py"]
+PAGES = ["app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/decide.py",
+         "app_pages/export.py"]
 
 
 def no_exceptions(at: AppTest) -> None:
@@ -41,25 +42,28 @@ def test_every_page_renders_on_the_sample(app, store):
     assert app.title[0].value == "Export"
 
 
-def test_fresh_install_shows_the_bundled_run(empty_store):
-    """With an empty run store the bundled ready run fills Maps and Compare."""
+def test_fresh_install_shows_a_ready_comparison(empty_store):
+    """With an empty run store the bundled ready runs fill Maps and Compare, all on the default data set."""
     from gpcore.store import RunStore
 
     bundled = [r for r in RunStore().list() if r.bundled]
-    assert bundled, "sample_data/runs/ must hold the ready run"
+    models = {r.model for r in bundled}
+    assert {"dbk-rbf", "svgp", "ppgp"} <= models, "sample_data/runs/ must hold the ready comparison"
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params["xref"] = "-66.5,18.2"  # also load the bundled model: its kernel slice and interval
+    at.query_params["xref"] = "-66.5,18.2"  # also load a bundled model: its kernel slice and interval
     at.run()
     no_exceptions(at)
-    assert bundled[0].data_hash == at.session_state["ua_data"].data_hash, "the ready run is on the default data"
+    n = len(bundled)
+    assert f"{n} in the store, {n} on this data set" in sidebar_text(at), "the ready runs are on the default data"
     at.switch_page("app_pages/maps.py").run()
     no_exceptions(at)
-    assert at.session_state["ua_run"] == bundled[0].run_id
-    assert len(at.get("deck_gl_json_chart")) == 2, "the Maps page shows the mean map and a kernel slice"
+    assert len(gridmaps(at)) == 2, "the Maps page shows the mean map and a kernel slice"
     assert "Posterior mean at x_ref" in {m.label for m in at.metric}
     at.switch_page("app_pages/compare.py").run()
     no_exceptions(at)
-    assert at.get("plotly_chart"), "the Compare page shows charts"
+    ranking = at.dataframe[0].value
+    assert {"dbk-rbf", "svgp", "ppgp"} <= set(ranking["model"]), ranking
+    assert len(at.get("plotly_chart")) == 4, "violins, coverage, calibration, timings"
 
 
 def test_bad_upload_shows_the_error_and_keeps_the_data_set(app, store):

@@ -1,107 +1,215 @@
-"""Headless Chromium against ``streamlit run``: train, click a map cell, see its kernel slice.
+"""Headless Chromium against ``streamlit run``: every control that changes what is shown, clicked like a user.
 
-Screenshots of the Maps and Compare pages are saved under ``test-artifacts/``.
+One server for the module (a temporary run store; the bundled ready runs show). The tests run in file
+order and build on each other only where a user would (the svgp run trained on the Train page is then
+compared and clicked). Each asserts what the page shows — selected state, legend titles and colours, run
+headers, table rows, the x_ref line — never session state. Screenshots go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
-from tests.e2e.conftest import ARTIFACTS
+from tests.e2e.helpers import (
+    choose,
+    chosen,
+    click_grid,
+    legend_gradients,
+    legend_titles,
+    nav,
+    no_exception,
+    options,
+    radio,
+    run_headers,
+    screenshot,
+    segment,
+    segment_selected,
+    set_number,
+    settle,
+    wait_grid_drawn,
+    xref_text,
+)
+from tests.sample_files import NO_COORD_NAMES, housing_with_text
 
 pytestmark = pytest.mark.e2e
 
-
-def settle(page, timeout: float = 90.0) -> None:
-    """Wait until the script run finished (no 'Running...' status widget) and the page is drawn."""
-    time.sleep(0.8)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if page.get_by_test_id("stStatusWidget").count() == 0 and page.get_by_test_id("stSkeleton").count() == 0:
-            break
-        time.sleep(0.25)
-    time.sleep(0.5)
+BUNDLED = ("dbk-rbf", "svgp", "ppgp")
 
 
-def nav(page, name: str) -> None:
-    page.get_by_test_id("stSidebarNav").get_by_text(name, exact=True).click()
-    page.get_by_role("heading", name=name, exact=True).wait_for()
+def ranking_models(page) -> list[str]:
+    """The model column of the Compare page's ranking table (the first dataframe's accessible grid cells)."""
+    frame = page.get_by_test_id("stDataFrame").first
+    frame.locator("[role=gridcell]").first.wait_for(state="attached")
+    cells = frame.locator("[role=gridcell]").all_inner_texts()
+    models = ("dbk-rbf", "dbk-silu", "svgp", "ppgp", "softki", "cagp", "solvegp", "exact")
+    return [c.split(" (")[0] for c in cells if c.split(" (")[0] in models]  # "svgp (bundled)" -> "svgp"
+
+
+def test_first_open_shows_a_ready_comparison(server, page):
+    page.goto(server + "/compare")
+    page.get_by_role("heading", name="Compare", exact=True).wait_for(timeout=120_000)
     settle(page)
+    no_exception(page)
+    sidebar = page.get_by_test_id("stSidebar").inner_text()
+    assert "Puerto Rico" in sidebar
+    assert re.search(r"\d+ in the store, 3 on this data set", sidebar), sidebar
+    page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+    models = ranking_models(page)
+    assert set(BUNDLED) <= set(models), models
+    assert page.locator("g.trace.violins, .violinlayer path").count() >= 1, "the urban / rural violins"
+    assert page.get_by_text("95% target").count() >= 1, "the coverage chart's target line"
+    screenshot(page, "compare-first-open.png")
 
 
-def set_number(page, label: str, value) -> None:
-    box = page.locator(f'input[aria-label="{label}"]')
-    box.fill(str(value))
-    box.press("Enter")
+def test_maps_controls_change_what_is_shown(server, page):
+    page.goto(server + "/maps")
+    page.get_by_role("heading", name="Maps", exact=True).wait_for(timeout=120_000)
     settle(page)
+    wait_grid_drawn(page)
+    assert any(t.startswith("Posterior mean of download_mbps") for t in legend_titles(page))
 
-
-def screenshot(page, name: str) -> None:
-    """The whole page (Streamlit scrolls inside its main block, so grow the viewport to fit it)."""
-    height = page.evaluate(
-        "() => Math.max(...Array.from(document.querySelectorAll("
-        "'[data-testid=stMain], [data-testid=stMainBlockContainer]')).map(e => e.scrollHeight), 900)"
-    )
-    size = page.viewport_size
-    page.set_viewport_size({"width": size["width"], "height": min(int(height) + 80, 4000)})
+    # the Map control: each option shows its map and stays selected
+    segment(page, "Map", "95% PI width")
+    assert segment_selected(page, "Map") == "95% PI width"
+    assert any(t.startswith("95% prediction-interval width (log10(Mbps))") for t in legend_titles(page))
+    radio(page, "PI width units", "original")
+    assert any(t == "95% prediction-interval width (Mbps)" for t in legend_titles(page)), legend_titles(page)
     time.sleep(1.5)
-    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
-    page.set_viewport_size(size)
+    assert segment_selected(page, "Map") == "95% PI width", "the control does not spring back"
+    assert "map=width" in page.url
+    screenshot(page, "maps-width.png")
+    segment(page, "Map", "Measurements")
+    assert segment_selected(page, "Map") == "Measurements"
+    assert any(t.startswith("Measured download_mbps") for t in legend_titles(page))
+    segment(page, "Map", "Posterior mean")
+    assert segment_selected(page, "Map") == "Posterior mean"
 
+    # the colour scale recolours the legend (and the map drawn from the same palette)
+    before = legend_gradients(page)[0]
+    choose(page, "Colour scale", "magma")
+    assert legend_gradients(page)[0] != before
 
-def click_map_cell(page, chart, fx: float = 0.5, fy: float = 0.5, attempts: int = 4) -> None:
-    """Hover, then click the map until the app reports a kernel slice (software WebGL picks slowly)."""
-    chart.scroll_into_view_if_needed()
-    for attempt in range(attempts):
-        box = chart.bounding_box()
-        x, y = box["x"] + box["width"] * (fx + 0.01 * attempt), box["y"] + box["height"] * fy
-        for i in range(3):
-            page.mouse.move(x + i, y, steps=3)
-            time.sleep(0.4)
-        page.mouse.click(x, y)
-        try:
-            page.get_by_text("Kernel slice at x_ref", exact=True).first.wait_for(timeout=20_000)
-            return
-        except Exception:  # noqa: BLE001 - retry the click
-            continue
-    raise AssertionError("clicking a grid cell did not select x_ref")
+    # the run selectors: Maps -> Run, the sidebar's Active run; each sticks and the other follows
+    first = run_headers(page)[0]
+    choose(page, "Run", re.compile(r"^svgp "))
+    assert run_headers(page)[0].startswith("svgp"), run_headers(page)
+    assert run_headers(page)[0] != first
+    assert chosen(page, "Active run", page.get_by_test_id("stSidebar")).startswith("svgp")
+    choose(page, "Active run", re.compile(r"^ppgp"), page.get_by_test_id("stSidebar"))
+    assert run_headers(page)[0].startswith("ppgp"), run_headers(page)
+    time.sleep(1.0)
+    assert chosen(page, "Run").startswith("ppgp"), "Maps -> Run follows the sidebar and stays"
 
-
-def test_train_then_click_a_cell_shows_its_kernel_slice(server, page):
-    page.goto(server)
-    page.get_by_test_id("stSidebar").get_by_text("Puerto Rico", exact=False).first.wait_for(timeout=120_000)
+    # side by side: a second run's map beside the first, then back to one
+    page.get_by_text("Second run side by side", exact=True).click()
     settle(page)
-    assert page.get_by_text("CPU", exact=False).count() + page.get_by_text("GPU:", exact=False).count() > 0
+    choose(page, "Second run", re.compile(r"^dbk-rbf"))
+    heads = run_headers(page)
+    assert len(heads) == 2 and heads[0].startswith("ppgp") and heads[1].startswith("dbk-rbf"), heads
+    page.get_by_text("Second run side by side", exact=True).click()
+    settle(page)
+    assert len(run_headers(page)) == 1
 
-    # --- train a fast model on the sample
-    nav(page, "Train")
-    for label, value in (("epochs", 3), ("rank", 16), ("hidden", 16), ("batch size", 2048)):
-        set_number(page, label, value)
-    set_number(page, "Grid cell (km, 0 = auto)", 3)
+    # a click sets x_ref; the kernel-slice mode changes the slice map's legend
+    line = click_grid(page, 0.45, 0.5)
+    assert "xref=" in page.url and line
+    assert any(t.startswith("Kernel slice k(·, x_ref)") for t in legend_titles(page))
+    choose(page, "Kernel slice", re.compile(r"^correlation"))
+    assert any(t.startswith("Kernel slice: correlation") for t in legend_titles(page)), legend_titles(page)
+    assert xref_text(page) == line, "x_ref survives the mode change"
+    screenshot(page, "maps-xref.png")
+
+    # Export -> Run: the reproduce command is the chosen run's
+    nav(page, "Export")
+    choose(page, "Run", re.compile(r"^dbk-rbf"))
+    assert page.get_by_text("--model dbk-rbf").count() >= 1
+    choose(page, "Run", re.compile(r"^svgp"))
+    assert page.get_by_text("--model svgp").count() >= 1
+    assert chosen(page, "Run").startswith("svgp")
+    no_exception(page)
+
+
+def test_every_model_form_renders_and_svgp_trains_from_the_page(server, page):
+    from gpcore.models.base import available_models
+
+    page.goto(server + "/train")
+    page.get_by_role("heading", name="Train", exact=True).wait_for(timeout=120_000)
+    settle(page)
+    offered = [o.split(" — ")[0] for o in options(page, "Model")]
+    assert offered == available_models()
+    for name in available_models():
+        choose(page, "Model", re.compile(rf"^{re.escape(name)} — "))
+        no_exception(page)
+        train = page.get_by_role("button", name="Train", exact=True)
+        assert train.is_visible() and train.is_enabled(), f"no Train button for {name}"
+        assert page.get_by_text("paper defaults").count() == 0
+    choose(page, "Model", re.compile(r"^svgp — "))
+    set_number(page, "epochs", 2)
+    set_number(page, "Grid cell (km, 0 = auto)", 0.6)  # about 25,700 cells over Puerto Rico
     page.get_by_role("button", name="Train", exact=True).click()
-    page.get_by_text("is in the run store", exact=False).wait_for(timeout=150_000)
+    time.sleep(1.0)
+    assert page.get_by_role("button", name="Train", exact=True).is_disabled(), "disabled while a job runs"
+    page.get_by_text("is in the run store", exact=False).wait_for(timeout=300_000)
     settle(page)
+    no_exception(page)
 
-    # --- maps: click a cell on the canvas, the kernel slice and the point's interval appear
-    nav(page, "Maps")
-    page.locator("[data-testid=stDeckGlJsonChart] canvas").first.wait_for(timeout=60_000)
-    time.sleep(2.0)
-    assert page.get_by_text("Click a grid cell", exact=False).count() == 1
-    chart = page.get_by_test_id("stDeckGlJsonChart").first
-    click_map_cell(page, chart)
-    settle(page)
-    page.get_by_text("Posterior mean at x_ref", exact=True).wait_for()
-    page.get_by_text("95% interval", exact=True).wait_for()
-    assert page.get_by_test_id("stDeckGlJsonChart").count() == 2, "the main map and the kernel-slice map"
-    assert "xref=" in page.url, "x_ref is in the URL"
-    screenshot(page, "maps.png")
-
-    # --- compare: the violins for the bundled run and the new one
     nav(page, "Compare")
     page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
-    time.sleep(1.5)
-    assert page.locator(".js-plotly-plot").count() >= 4
-    assert page.locator(".violin").count() >= 1 or page.locator("g.trace.violins").count() >= 1
-    screenshot(page, "compare.png")
+    models = ranking_models(page)
+    assert models.count("svgp") == 2 and {"dbk-rbf", "ppgp"} <= set(models), models
+    screenshot(page, "compare-after-training.png")
+
+    # the new run is active: its >= 20,000-cell grid takes clicks anywhere
+    nav(page, "Maps")
+    header = page.get_by_text(re.compile(r"[\d,]+ grid cells")).first.inner_text()
+    cells = int(re.search(r"([\d,]+) grid cells", header).group(1).replace(",", ""))
+    assert cells >= 20_000, header
+    seen = {click_grid(page, fx, fy) for fx, fy in ((0.5, 0.5), (0.35, 0.45), (0.65, 0.55))}
+    assert len(seen) == 3, seen
+    screenshot(page, "maps-large-grid.png")
+
+
+def upload(page, name: str, data: bytes) -> None:
+    page.get_by_test_id("stFileUploaderDropzoneInput").first.set_input_files(
+        {"name": name, "mimeType": "text/csv", "buffer": data}
+    )
+    settle(page)
+
+
+def test_uploads_show_their_problems_and_the_fix_is_on_the_page(server, page):
+    page.goto(server)  # Data is the default page: its URL is the root
+    page.get_by_role("heading", name="Data", exact=True).wait_for(timeout=120_000)
+    settle(page)
+    radio(page, "Source", "Upload a file")
+
+    # unrecognised coordinate names: the message names the selectors, which stay on the page
+    upload(page, "no_names.csv", NO_COORD_NAMES)
+    error = page.get_by_test_id("stAlertContentError").first.inner_text()
+    assert "no_names.csv" in error and "Longitude column" in error and "pass lon=" not in error, error
+    assert page.get_by_role("button", name="Use this data set").is_disabled()
+    choose(page, "Longitude column", "px")
+    choose(page, "Latitude column", "py")
+    assert page.get_by_test_id("stAlertContentError").count() == 0
+    assert chosen(page, "Target column") == "speed"
+    screenshot(page, "data-coordinates-fixed.png")
+
+    # text in the target: the column stays a target, the rows to drop are named, coordinates are never the default
+    upload(page, "housing.csv", housing_with_text())
+    assert "median_house_value" in options(page, "Target column")
+    assert chosen(page, "Target column") == "housing_median_age", "the first number column that is not a coordinate"
+    choose(page, "Target column", "median_house_value")
+    warning = page.get_by_test_id("stAlertContentWarning").first.inner_text()
+    assert "3 rows of 'median_house_value' will be dropped" in warning, warning
+    assert "'expensive'" in warning and "'500k+'" in warning and "101" in warning and "1501" in warning
+    assert chosen(page, "Target transform") == "log10", "log10 for a positive value column"
+    page.get_by_role("button", name="Use this data set").click()
+    settle(page)
+    page.get_by_text("Loaded housing.csv", exact=False).wait_for()
+    assert "housing.csv" in page.get_by_test_id("stSidebar").inner_text()
+    dropped = page.get_by_test_id("stMetric").filter(has_text="Rows dropped").first.inner_text()
+    assert dropped.strip().endswith("3"), dropped
+    screenshot(page, "data-text-in-target.png")
+    no_exception(page)

@@ -146,6 +146,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     )
     torch.set_num_threads(1)
     from gpcore import distributed as D
+    from gpcore import sharded as S
 
     ctx = D.init_distributed()
     X, y, Xv, yv = _data()
@@ -159,7 +160,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     # exact MML on per-rank shards (data that does not fit one process): strided rows per rank
     name, kw = CASES["dbk-mml"]
     model = make_model(name, **_settings(kw))
-    D.fit_sharded(model, X[rank::WORLD], y[rank::WORLD], Xv[rank::WORLD], yv[rank::WORLD], ctx=ctx)
+    S.fit_sharded(model, X[rank::WORLD], y[rank::WORLD], Xv[rank::WORLD], yv[rank::WORLD], ctx=ctx)
     np.savez(os.path.join(outdir, f"dbk-mml-sharded-rank{rank}.npz"), **_result(model, Xv))
     # rank 0's callback cancels after epoch 2: every rank stops there
     model = make_model("dbk-silu", **_settings(dict(rank=8, hidden=8, epochs=5, batch_size=128)))
@@ -168,7 +169,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     np.save(os.path.join(outdir, f"cancel-rank{rank}.npy"), [len(model.history_), model.train_info_["cancelled"]])
     # mini-batches drawn from per-rank shards: runs, and the ranks end identical
     model = make_model("dbk-silu", **_settings(dict(rank=8, hidden=8, epochs=2, batch_size=64)))
-    D.fit_sharded(model, X[rank::WORLD], y[rank::WORLD], Xv[rank::WORLD], yv[rank::WORLD], ctx=ctx)
+    S.fit_sharded(model, X[rank::WORLD], y[rank::WORLD], Xv[rank::WORLD], yv[rank::WORLD], ctx=ctx)
     np.savez(os.path.join(outdir, f"dppgp-sharded-rank{rank}.npz"), **_result(model, Xv))
     for case, (name, kw) in _grad_cases().items():
         model = make_model(name, **_settings(kw)).fit(X, y)  # same on every rank (single-process fit)

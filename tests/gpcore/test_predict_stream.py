@@ -97,7 +97,7 @@ def test_million_cells_stay_under_2gb(run_dir, tmp_path):
 
 
 def test_streamed_values_match_model_predict(run_dir, tmp_path):
-    from gpcore.cli import load_run
+    from gpcore.store import load_run
 
     _, model = load_run(run_dir)
     grid = RegularGrid.from_bounds(BBOX, cells=5000)
@@ -158,7 +158,7 @@ def test_parquet_grid_input_by_row_groups(run_dir, tmp_path):
 
 def test_state_mask_drops_cells_outside(run_dir, tmp_path):
     pytest.importorskip("gpcore.data.regions")
-    from gpcore.cli import load_run
+    from gpcore.store import load_run
 
     _, model = load_run(run_dir)
     grid = region_grid("state:MO", cell_km=25)

@@ -236,7 +236,9 @@ def test_nan_and_inf_rows_are_counted_and_dropped_only_when_allowed(write_csv, t
     assert "3 of 30 rows cannot be used" in msg
     assert "column 'mbps': 2 missing values (empty, NA or NaN) (rows 1, 10; 1-based data rows)" in msg
     assert "column 'mbps': 1 infinite value (row 5;" in msg
-    assert "allow_drop=True (CLI: --allow-drop)" in msg
+    # the advice fits each entry point: fit/predict/evaluate drop by default, `data inspect` needs --allow-drop
+    assert "allow_drop=True; CLI: fit, predict and evaluate drop them unless --no-drop" in msg
+    assert "`data inspect` needs --allow-drop" in msg
     gdf = read_measurements(write_csv(df), target="mbps", allow_drop=True)
     assert len(gdf) == 27
     rep = gdf.attrs["report"]

@@ -1,0 +1,87 @@
+"""Four sessions at once (issue 12): two train while two browse (one on an upload, one on the sample).
+No session sees another's data set, run choice or job; every run lands under its own id; memory stays
+bounded."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+import pandas as pd
+from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import APP, TIMEOUT, tiny_config
+
+PAGES = ["app_pages/data.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py",
+         "app_pages/train.py", "app_pages/decide.py"]
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_four_sessions_train_and_browse_without_cross_talk(store):
+    from app import jobs, state
+    from gpcore.runs import new_run_id
+    from gpcore.store import RunStore
+
+    rss0 = _rss_mb()
+    before = {r.run_id for r in RunStore().list()}
+    sessions = {name: AppTest.from_file(APP, default_timeout=TIMEOUT) for name in ("A", "B", "C", "D")}
+    sessions["D"].query_params.update({"run": "20240101-000001-000-dbk-silu", "map": "width"})
+    for at in sessions.values():
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+
+    # C switches to its own upload
+    rng = np.random.default_rng(1)
+    rows = pd.DataFrame({"lon": rng.uniform(-66.9, -65.7, 80), "lat": rng.uniform(18.05, 18.45, 80),
+                         "speed_c": rng.uniform(5, 50, 80)})
+    ref = state.save_upload("session_c.csv", rows.to_csv(index=False).encode())
+    spec_c = state.DatasetSpec(source=ref, quarter=None, y="speed_c", transform="identity", strata=None)
+    sessions["C"].session_state["ua_dataset"] = spec_c
+
+    # A and B start training at the same moment (what the Train page does: reserve a run folder, start a thread)
+    started = {}
+    for name, seed in (("A", 11), ("B", 12)):
+        cfg = tiny_config(seed=seed, label=f"session {name}")
+        cfg = type(cfg).from_dict({**cfg.to_dict(), "settings": {**cfg.settings, "epochs": 6}})
+        run_dir = RunStore().new_run_dir(new_run_id(cfg))
+        job = jobs.start_training(cfg, run_dir, label=cfg.label)
+        sessions[name].session_state["ua_job"] = job
+        started[name] = job
+    assert started["A"].run_id != started["B"].run_id
+
+    # everyone browses every page while the two jobs train
+    deadline = time.time() + 240
+    rounds = 0
+    while (not all(j.done for j in started.values()) or rounds < 2) and time.time() < deadline:
+        for name, at in sessions.items():
+            at.switch_page(PAGES[rounds % len(PAGES)]).run()
+            assert not at.exception, (name, rounds, [e.value for e in at.exception])
+        rounds += 1
+    for name, job in started.items():
+        assert job.done and job.error is None, (name, job.stage, job.error)
+
+    # no cross-talk
+    for at in sessions.values():
+        at.run()
+    assert sessions["A"].session_state["ua_job"].run_id == started["A"].run_id
+    assert sessions["B"].session_state["ua_job"].run_id == started["B"].run_id
+    for name in ("C", "D"):
+        assert "ua_job" not in sessions[name].session_state, f"session {name} never trained"
+    assert sessions["C"].session_state["ua_dataset"] == spec_c
+    for name in ("A", "B", "D"):
+        assert sessions[name].session_state["ua_dataset"].source == "sample:puerto_rico"
+    assert sessions["D"].session_state["ua_run"] == "20240101-000001-000-dbk-silu"
+    assert sessions["D"].session_state["ua_map"] == "width"
+    assert sessions["C"].query_params["data"] == ref and sessions["D"].query_params["data"] == "sample:puerto_rico"
+    after = {r.run_id: r for r in RunStore().list()}
+    new = set(after) - before
+    assert new == {started["A"].run_id, started["B"].run_id}
+    assert {after[i].manifest["label"] for i in new} == {"session A", "session B"}
+    assert {after[i].manifest["config"]["seed"] for i in new} == {11, 12}
+    grown = _rss_mb() - rss0
+    print(f"\nfour sessions, {rounds} rounds of page views, peak memory grew by {grown:.0f} MB")
+    assert grown < 1500, f"memory grew by {grown:.0f} MB"
