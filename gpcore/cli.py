@@ -287,7 +287,8 @@ def cmd_exceed(args) -> int:
     from gpcore import decide
 
     manifest, model, grid, tr = _decision_run(args.run_dir)
-    stored = decide.grid_prediction(grid, model.noise_variance) if {"mean_t", "sd_t"} <= set(grid.columns) else None
+    stored = (decide.grid_prediction(grid, model.noise_variance, model.variance_scale(len(grid)))
+              if {"mean_t", "sd_t"} <= set(grid.columns) else None)
     e = decide.exceedance(model, grid[["lon", "lat"]].to_numpy(float), args.threshold, units=args.units,
                           transform=tr, direction=args.direction, pred=stored)
     side = args.direction

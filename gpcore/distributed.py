@@ -541,9 +541,7 @@ class DistributedSteps:
                 Xv, yv = Xv[self.ctx.rank :: self.W], yv[self.ctx.rank :: self.W]
                 wv = None if wv is None else wv[self.ctx.rank :: self.W]
             mean, var_f = model.predict_scaled(Xv)
-            from gpcore.train import validation_noise
-
-            var_y = var_f + validation_noise(model, wv)
+            var_y = var_f + model._noise_of(wv)
             stats = torch.stack(
                 [
                     gaussian_nll(yv, mean, var_y).double().sum(),

@@ -70,19 +70,10 @@ def validation_metrics(model, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, 
     if model.needs_finalize:
         model.finalize(Xs, ys, ws)
     mean, var_f = model.predict_scaled(Xv)
-    var_y = var_f + validation_noise(model, wv)
+    var_y = var_f + model._noise_of(wv)  # sigma^2, or tau^2 + sigma^2 / w_v per validation row
     nll = gaussian_nll(yv, mean, var_y).mean().item() + math.log(model.y_std_)
     rmse = (yv - mean).pow(2).mean().sqrt().item() * model.y_std_
     return nll, rmse
-
-
-def validation_noise(model, wv):
-    """Noise variance of the validation rows (standardised): sigma^2, or tau^2 + sigma^2 / w_v."""
-    prev, model._wb = model._wb, wv
-    try:
-        return model._noise_rows()
-    finally:
-        model._wb = prev
 
 
 def iterate_batches(n: int, batch_size: int, generator: torch.Generator, device) -> list[torch.Tensor]:

@@ -600,6 +600,14 @@ class GPModel:
             w = w[start:stop]
         return self._nugget_s().to(s2.dtype) + s2 / w.to(dtype=s2.dtype, device=s2.device)
 
+    def _noise_of(self, w: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`_noise_rows` for the rows whose weights are ``w`` (None: unweighted / one noise level)."""
+        prev, self._wb = self._wb, w
+        try:
+            return self._noise_rows()
+        finally:
+            self._wb = prev
+
     def _obs_noise_np(self, weights, m: int) -> np.ndarray | float:
         """Noise variance of new observations in caller units (``weights=None``: one measurement)."""
         s2 = float(self._noise_s()) * self.y_std_**2
