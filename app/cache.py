@@ -616,7 +616,7 @@ def st_exceedance(path: str, stamp: float, threshold: float, units: str, directi
 
     run = st_run_data(path, stamp)
     model = st_model(path, stamp)
-    pred = decide.grid_prediction(run.grid, model.noise_variance)
+    pred = decide.grid_prediction(run.grid, model.noise_variance, model.variance_scale(len(run.grid)))
     return decide.exceedance(model, run.grid[["lon", "lat"]].to_numpy(float), threshold, units=units,
                              transform=run.transform, direction=direction, pred=pred).p_f
 

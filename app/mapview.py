@@ -33,7 +33,13 @@ def grid_scale(run: cache.RunData, kind: str, scale_name: str, width_units: str 
     col = "width_t" if width_units == "model" or run.transform.name == "identity" else "width"
     lo, hi = limits or robust_limits(g[col].to_numpy())
     units = run.t_units if col == "width_t" else run.units
-    return col, ColorScale(scale_name, lo, hi), f"95% prediction-interval width ({units or 'target units'})"
+    title = f"95% prediction-interval width ({units or 'target units'})"
+    weights = run.manifest.get("weights")
+    if weights:  # a weighted run's interval depends on how many measurements a value averages
+        title += f", for a value from {weights.get('grid_measurements', 1)} measurement ({weights.get('column')} = 1)"
+    if run.manifest.get("recalibration"):
+        title += "; recalibrated (global scale)"
+    return col, ColorScale(scale_name, lo, hi), title
 
 
 def outline_layers(region_json: str | None, strata: list[tuple[str, str, tuple]] | None) -> list[dict]:

@@ -67,7 +67,8 @@ def _add_data_args(p: argparse.ArgumentParser, need_y: bool = True) -> None:
     p.add_argument("--y", required=need_y, help="target column (e.g. download_mbps)")
     p.add_argument("--transform", default="identity", choices=("identity", "log10", "log"))
     p.add_argument("--quarter", help="keep one quarter ('2023Q1') or year ('2023') of a time column")
-    p.add_argument("--weight", help="optional per-row weight column")
+    p.add_argument("--weight", help="per-row weight column, a count of measurements per row (e.g. Ookla 'tests'): "
+                   "noise tau^2 + sigma^2 / w, metrics per count bin 1, 2-4, 5-16, >16")
     p.add_argument("--time", help="time column (quarter or date) when it is not auto-detected")
     p.add_argument("--strata", help="county_metro | column:<NAME> | polygons:<PATH>")
     p.add_argument("--split", default="random", choices=("random", "block"))
@@ -182,8 +183,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from gpcore import metrics as M
-    from gpcore.runs import RunConfig, apply_strata
+    from gpcore.runs import RunConfig, apply_strata, run_metrics, run_weights
     from gpcore.store import load_run
 
     manifest, model = load_run(args.run_dir)
@@ -191,14 +191,16 @@ def cmd_evaluate(args) -> int:
     from gpcore import data as D
 
     gdf = D.read_measurements(
-        args.data, target=cfg.y, transform=cfg.transform, quarter=args.quarter, allow_drop=not args.no_drop
+        args.data, target=cfg.y, transform=cfg.transform, quarter=args.quarter, allow_drop=not args.no_drop,
+        weight=cfg.weight,
     )
     strata = args.strata or cfg.strata
     gdf = apply_strata(gdf, strata, manifest["data"].get("state"))
     y = D.get_transform(cfg.transform).forward(gdf[cfg.y].to_numpy(float))
-    pred = model.predict(gdf[["lon", "lat"]].to_numpy(float))
     groups = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None
-    table = M.evaluate_groups(pred.mean, pred.var_y, y, groups)
+    w = run_weights(gdf, cfg.weight) if model.weighted else None  # each row with its own measurement count
+    pred = model.predict(gdf[["lon", "lat"]].to_numpy(float), weights=w, groups=groups)
+    table = run_metrics(pred.mean, pred.var_y, y, groups, w, cfg.weight)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return 0
 
@@ -285,7 +287,8 @@ def cmd_exceed(args) -> int:
     from gpcore import decide
 
     manifest, model, grid, tr = _decision_run(args.run_dir)
-    stored = decide.grid_prediction(grid, model.noise_variance) if {"mean_t", "sd_t"} <= set(grid.columns) else None
+    stored = (decide.grid_prediction(grid, model.noise_variance, model.variance_scale(len(grid)))
+              if {"mean_t", "sd_t"} <= set(grid.columns) else None)
     e = decide.exceedance(model, grid[["lon", "lat"]].to_numpy(float), args.threshold, units=args.units,
                           transform=tr, direction=args.direction, pred=stored)
     side = args.direction

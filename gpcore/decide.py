@@ -134,14 +134,15 @@ def exceedance(model, X, threshold: float, *, units: str = "model", transform="i
     return Exceedance(p_f, p_y, t, direction, pred.mean, sd_f)
 
 
-def grid_prediction(grid, noise_variance: float):
+def grid_prediction(grid, noise_variance: float, var_scale: float = 1.0):
     """The :class:`~gpcore.Prediction` stored in a run's ``grid.parquet`` (``mean_t``, ``sd_t`` = predictive sd
-    in model space): ``var_f = sd_t^2 - noise``. Nothing is recomputed."""
+    in model space): ``var_f = sd_t^2 / var_scale - noise``. Nothing is recomputed. ``var_scale``: a
+    recalibrated model's scale of ``var_y`` on the grid (``model.variance_scale(n)``; it leaves ``var_f`` alone)."""
     from gpcore.models.base import Prediction
 
     mean = np.asarray(grid["mean_t"], dtype=float)
     var_y = np.asarray(grid["sd_t"], dtype=float) ** 2
-    return Prediction(mean=mean, var_f=np.maximum(var_y - float(noise_variance), 0.0), var_y=var_y)
+    return Prediction(mean=mean, var_f=np.maximum(var_y / var_scale - float(noise_variance), 0.0), var_y=var_y)
 
 
 # --------------------------------------------------------------------------------------------

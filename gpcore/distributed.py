@@ -497,13 +497,17 @@ class DistributedSteps:
         return [(locs[k], sizes[self.ctx.rank][k], sum(s[k] for s in sizes)) for k in range(self.steps)]
 
     # ----------------------------------------------------------------- one step
-    def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int) -> torch.Tensor:
-        """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached)."""
+    def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int, ws=None) -> torch.Tensor:
+        """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached).
+
+        ``ws``: this rank's rows' weights (weighted fits), handed to the loss as ``model._wb``."""
         empty = b_local == 0
         if empty:  # keep every rank in the collectives; contributes nothing
             xb, yb = Xs[:1], ys[:1]
         else:
             xb, yb = Xs[local_idx], ys[local_idx]
+        if ws is not None:
+            self.model._wb = ws[:1] if empty else ws[local_idx]
         share = b_local / b_global
         with step_scope(self.ctx, empty=empty):
             if self.manual:
@@ -523,7 +527,7 @@ class DistributedSteps:
         return buf.reshape(()).to(total.device)
 
     # ----------------------------------------------------------------- epoch-level agreement
-    def validation_metrics(self, Xs, ys, Xv, yv) -> tuple[float, float]:
+    def validation_metrics(self, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, float]:
         """Validation NLL / RMSE over all ranks' validation rows (replicated: the strided shard)."""
         import torch.distributed as dist
 
@@ -532,11 +536,12 @@ class DistributedSteps:
         model = self.model
         with torch.no_grad():
             if model.needs_finalize:
-                model.finalize(Xs, ys)
+                model.finalize(Xs, ys, ws)
             if not self.ctx.sharded:
                 Xv, yv = Xv[self.ctx.rank :: self.W], yv[self.ctx.rank :: self.W]
+                wv = None if wv is None else wv[self.ctx.rank :: self.W]
             mean, var_f = model.predict_scaled(Xv)
-            var_y = var_f + model._noise_s()
+            var_y = var_f + model._noise_of(wv)
             stats = torch.stack(
                 [
                     gaussian_nll(yv, mean, var_y).double().sum(),

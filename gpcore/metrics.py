@@ -111,3 +111,35 @@ def evaluate_groups(mean, var_y, y, groups=None, level: float = 0.95, all_label:
             sel = g == label
             rows.append({"group": label, **evaluate(mean[sel], var_y[sel], y[sel], level)})
     return pd.DataFrame(rows)
+
+
+#: bins of a per-row measurement count (Ookla ``tests``): ``(label, lo, hi)`` with ``lo < w <= hi``
+WEIGHT_BINS = (("1", 0.0, 1.0), ("2-4", 1.0, 4.0), ("5-16", 4.0, 16.0), (">16", 16.0, math.inf))
+
+
+def weight_bins(weights, name: str = "weight") -> np.ndarray:
+    """Label each row by its measurement-count bin: ``'<name> 1'``, ``'<name> 2-4'``, ``'<name> 5-16'``,
+    ``'<name> >16'`` (a weight ``w`` falls in the bin with ``lo < w <= hi``; 0 < w <= 1 is ``1``)."""
+    (w,) = _arrays(weights)
+    out = np.empty(w.shape[0], dtype=object)
+    for label, lo, hi in WEIGHT_BINS:
+        out[(w > lo) & (w <= hi)] = f"{name} {label}"
+    out[w <= 0] = f"{name} 0"
+    return out
+
+
+def evaluate_weight_bins(mean, var_y, y, weights, name: str = "weight", level: float = 0.95) -> pd.DataFrame:
+    """Metrics per measurement-count bin (:func:`weight_bins`), one row per non-empty bin, in bin order."""
+    mean, var_y, y, w = _arrays(mean, var_y, y, weights)
+    labels = weight_bins(w, name)
+    rows = []
+    for label in [f"{name} {b[0]}" for b in WEIGHT_BINS]:
+        sel = labels == label
+        if sel.any():
+            rows.append({"group": label, **evaluate(mean[sel], var_y[sel], y[sel], level)})
+    return pd.DataFrame(rows)
+
+
+def coverage_se(n: int, level: float = 0.95) -> float:
+    """Binomial standard error of an observed coverage over ``n`` points at nominal ``level``."""
+    return math.sqrt(level * (1.0 - level) / max(int(n), 1))

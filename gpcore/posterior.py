@@ -176,8 +176,8 @@ class JointPosterior:
 
     @property
     def noise_s(self) -> float:
-        """Observation-noise variance in standardised units."""
-        return float(self.model._noise_s().detach())
+        """Observation-noise variance in standardised units (a weighted fit: one measurement, tau^2 + sigma^2)."""
+        return float((self.model._noise_s() + self.model._nugget_s()).detach())
 
     def _xs(self, X, what: str = "X") -> torch.Tensor:
         from gpcore.models.base import as_2d_float

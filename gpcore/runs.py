@@ -171,6 +171,8 @@ class PreparedData:
     source_label: str
     state: str | None
     report_text: str
+    #: per-row weights (``RunConfig.weight``, e.g. Ookla ``tests``), None for an unweighted run
+    weights: np.ndarray | None = None
 
 
 def _sample_key(data: str) -> str | None:
@@ -255,6 +257,7 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
     else:
         tr_i, va_i, te_i = D.block_split(X[:, 0], X[:, 1], block_km=cfg.block_km, seed=cfg.seed)
     report = gdf.attrs.get("report")
+    weights = run_weights(gdf, cfg.weight)
     return PreparedData(
         frame=gdf,
         X=X,
@@ -268,7 +271,25 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
         source_label=source,
         state=state,
         report_text=report.to_text() if hasattr(report, "to_text") else "",
+        weights=weights,
     )
+
+
+def run_weights(gdf, column: str | None) -> np.ndarray | None:
+    """The run's per-row weights from ``column`` (validated >= 0 by the reader); a model needs > 0."""
+    if not column:
+        return None
+    from gpcore.errors import DataError
+
+    w = gdf[column].to_numpy(dtype=np.float64)
+    zero = np.flatnonzero(~(w > 0))
+    if zero.size:
+        raise DataError(
+            f"column '{column}': {zero.size} row(s) have weight 0 (rows {', '.join(map(str, zero[:8]))}"
+            f"{', ...' if zero.size > 8 else ''}); a weight is a number of measurements, so a row with none "
+            "carries no data: drop those rows or run without --weight"
+        )
+    return w
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,6 +312,28 @@ def package_versions() -> dict[str, str]:
 def metrics_table(mean, var_y, y, strata=None) -> pd.DataFrame:
     """Tidy metrics overall and per stratum (transformed units)."""
     return M.evaluate_groups(mean, var_y, y, strata)
+
+
+#: suffix of the metrics rows of a recalibrated run's model before recalibration
+NO_RECAL = " (no recalibration)"
+
+
+def run_metrics(mean, var_y, y, strata=None, weights=None, weight_name: str | None = None) -> pd.DataFrame:
+    """A run's metrics rows: overall, per stratum and, with weights, per measurement-count bin."""
+    table = metrics_table(mean, var_y, y, strata)
+    if weights is not None:  # 1, 2-4, 5-16, >16 measurements
+        table = pd.concat([table, M.evaluate_weight_bins(mean, var_y, y, weights, weight_name or "weight")],
+                          ignore_index=True)
+    return table
+
+
+def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
+    """The model settings of a run: the config's, plus ``recalibrate="group"`` when the data has strata
+    and the config does not set ``recalibrate`` itself."""
+    settings = cfg.model_settings()
+    if prep.strata is not None and "recalibrate" not in settings:
+        settings["recalibrate"] = "group"
+    return settings
 
 
 def build_grid(cfg: RunConfig, prep: PreparedData):
@@ -417,7 +460,9 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     prep = prepared or prepare(cfg)
     log(data_counts_text(prep))
     log(f"data: {len(prep.y)} rows, train/val/test = {len(prep.train_idx)}/{len(prep.val_idx)}/{len(prep.test_idx)}")
-    model = make_model(cfg.model, **cfg.model_settings())
+    model = make_model(cfg.model, **run_model_settings(cfg, prep))
+    w = prep.weights
+    st = prep.strata
     t0 = time.perf_counter()
     model.fit(
         prep.X[prep.train_idx],
@@ -425,15 +470,23 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
         prep.X[prep.val_idx],
         prep.y[prep.val_idx],
         callback=callback,
+        **({} if w is None else {"weights": w[prep.train_idx], "val_weights": w[prep.val_idx]}),
+        **({} if st is None else {"groups": st[prep.train_idx], "val_groups": st[prep.val_idx]}),
     )
     fit_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pred = model.predict(prep.X[prep.test_idx])
+    w_te = None if w is None else w[prep.test_idx]
+    st_te = st[prep.test_idx] if st is not None else None
+    pred = model.predict(prep.X[prep.test_idx], weights=w_te, groups=st_te)  # each test row with its own count
     predict_s = time.perf_counter() - t0
     check_finite_model(model, pred)
     y_te = prep.y[prep.test_idx]
-    st_te = prep.strata[prep.test_idx] if prep.strata is not None else None
-    table = metrics_table(pred.mean, pred.var_y, y_te, st_te)
+    table = run_metrics(pred.mean, pred.var_y, y_te, st_te, w_te, cfg.weight)
+    if model.recal_:  # the same metrics before recalibration, labelled '<group> (no recalibration)'
+        raw = run_metrics(pred.mean, pred.var_y / model.variance_scale(len(y_te), st_te), y_te, st_te, w_te,
+                          cfg.weight)
+        raw["group"] = raw["group"] + NO_RECAL
+        table = pd.concat([table, raw], ignore_index=True)
     table["fit_seconds"] = fit_s
     table["predict_seconds"] = predict_s
     grid = build_grid(cfg, prep)
@@ -481,6 +534,8 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
     grid_s = 0.0
     y_te = prep.y[prep.test_idx]
     st_te = prep.strata[prep.test_idx] if prep.strata is not None else None
+    w = prep.weights
+    w_te = None if w is None else w[prep.test_idx]
     if grid is not None:
         t0 = time.perf_counter()
         gp = grid_predictions(model, grid, prep.transform)
@@ -501,6 +556,8 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
             "stratum": st_te if st_te is not None else "all",
         }
     )
+    if w_te is not None:
+        test_df["weight"] = w_te
     test_df.to_parquet(out / "test_predictions.parquet", index=False)
     table.to_csv(out / "metrics.csv", index=False)
     (out / "history.json").write_text(json.dumps(_clean(model.history_), indent=1, allow_nan=False))
@@ -532,6 +589,13 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
         },
         "train_info": model.train_info_,
         "noise_variance": model.noise_variance,
+        "weights": None if w is None else {
+            "column": cfg.weight,
+            "nugget_variance": model.nugget_variance,
+            "measurement_noise_variance": model.measurement_noise_variance,
+            "grid_measurements": 1,
+        },
+        "recalibration": model.recal_,
         "device": describe_device(model.config.device),
         "versions": package_versions(),
         "metrics": table.replace({np.nan: None}).to_dict(orient="records"),

@@ -26,8 +26,8 @@ from gpcore.distributed import (
     shutdown,
 )
 from gpcore.errors import ConfigError, InputError
-from gpcore.models.base import as_1d_float, as_2d_float, make_model
-from gpcore.runs import execute_run, prepare
+from gpcore.models.base import as_1d_float, as_2d_float, as_weights, make_model
+from gpcore.runs import execute_run, prepare, run_model_settings
 from gpcore.train import train
 
 # --------------------------------------------------------------------------------------------
@@ -56,12 +56,14 @@ def _global_scalers(ctx: DistContext, X: np.ndarray, y: np.ndarray):
     return lo.cpu().numpy(), hi.cpu().numpy(), mean, sd, n
 
 
-def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None = None, ctx: DistContext | None = None):
+def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None = None, ctx: DistContext | None = None,
+                *, weights=None, val_weights=None):
     """``model.fit`` where every rank passes only *its own* rows (``X``, ``y``; optional validation rows).
 
     Scalers come from all-reduced moments, so every rank scales identically; the initial
     parameters are rank 0's. Full-batch statistics (exact DBK-MML) are exact over all rows.
     Returns the fitted model (identical on every rank). The callback runs on rank 0 only.
+    ``weights`` / ``val_weights``: this rank's rows' per-observation weights (as in ``GPModel.fit``).
     """
     ctx = ctx or current()
     if ctx is None:
@@ -74,6 +76,10 @@ def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None =
         X_val, y_val = np.empty((0, X.shape[1])), np.empty(0)
     X_val = as_2d_float(X_val, "X_val", d=X.shape[1]).reshape(-1, X.shape[1])
     y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
+    w = None if weights is None else as_weights(weights, X.shape[0], "weights")
+    wv = None
+    if w is not None:
+        wv = as_weights(np.ones(0) if val_weights is None else val_weights, X_val.shape[0], "val_weights")
     torch.manual_seed(model.config.seed)
     np.random.seed(model.config.seed)
     lo, hi, mean, sd, n = _global_scalers(ctx, X, y)
@@ -92,13 +98,18 @@ def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None =
     dist.all_reduce(nv, group=ctx.group)  # every rank must agree on whether there is validation data
     Xv, yv = (model.scale_x(X_val), model.scale_y(y_val)) if nv.item() > 0 else (None, None)
     model.module_ = model._build(model.d_, Xs, ys).to(device=model.device, dtype=model.dtype)
+    ws = wvs = None
+    if w is not None:
+        model._add_nugget()
+        ws = model._to_tensor(w)
+        wvs = model._to_tensor(wv) if Xv is not None else None
     broadcast_module(model.module_, ctx)
     import time
 
     t0 = time.perf_counter()
     with session(ctx, sharded=True):
-        model.history_, model.train_info_ = train(model, Xs, ys, Xv, yv, callback)
-        model.finalize(Xs, ys)
+        model.history_, model.train_info_ = train(model, Xs, ys, Xv, yv, callback, ws=ws, wv=wvs)
+        model.finalize(Xs, ys, ws)
     model.train_info_["fit_seconds"] = time.perf_counter() - t0
     model.train_info_["world_size"] = ctx.world_size
     model.fitted_ = True
@@ -125,13 +136,16 @@ def execute_run_distributed(cfg, out_dir, callback=None, log=None, overwrite: bo
                 if log is not None:
                     log(f"distributed training: {ctx.world_size} processes, backend {ctx.backend}")
                 return execute_run(cfg, out_dir, callback=callback, prepared=prep, log=log, overwrite=overwrite)
-            model = make_model(cfg.model, **cfg.model_settings())
+            model = make_model(cfg.model, **run_model_settings(cfg, prep))
             check_supported(model)
+            w, st = prep.weights, prep.strata
             model.fit(
                 prep.X[prep.train_idx],
                 prep.y[prep.train_idx],
                 prep.X[prep.val_idx],
                 prep.y[prep.val_idx],
+                **({} if w is None else {"weights": w[prep.train_idx], "val_weights": w[prep.val_idx]}),
+                **({} if st is None else {"groups": st[prep.train_idx], "val_groups": st[prep.val_idx]}),
             )
             return None
     finally:

@@ -7,6 +7,10 @@ restore, a per-epoch callback that may cancel, and an optional wall-clock budget
 The loss is accumulated on the device and read back once per epoch, so the hot loop has no
 host-device synchronisation.
 
+Weighted fits (``GPModel.fit(weights=...)``): each step's batch weights are handed to the model as
+``model._wb`` (its loss turns them into per-row noise ``tau^2 + sigma^2 / w``), and the validation
+NLL scores each validation row with its own weight.
+
 Inside a :func:`gpcore.distributed.session` with more than one process the same loop trains
 across ranks (DistributedDataParallel for mini-batch losses, a gradient all-reduce for full-batch
 ones; see :mod:`gpcore.distributed` for the global-batch semantics). Rank 0 runs the callback and
@@ -61,12 +65,12 @@ class _Cancelled(Exception):
 
 
 @torch.no_grad()
-def validation_metrics(model, Xs, ys, Xv, yv) -> tuple[float, float]:
-    """Validation NLL and RMSE in the caller's target units."""
+def validation_metrics(model, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, float]:
+    """Validation NLL and RMSE in the caller's target units (weighted fits: each row's own noise)."""
     if model.needs_finalize:
-        model.finalize(Xs, ys)
+        model.finalize(Xs, ys, ws)
     mean, var_f = model.predict_scaled(Xv)
-    var_y = var_f + model._noise_s()
+    var_y = var_f + model._noise_of(wv)  # sigma^2, or tau^2 + sigma^2 / w_v per validation row
     nll = gaussian_nll(yv, mean, var_y).mean().item() + math.log(model.y_std_)
     rmse = (yv - mean).pow(2).mean().sqrt().item() * model.y_std_
     return nll, rmse
@@ -158,7 +162,7 @@ def _make_optimizer(model, cfg, perf: Performance):
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
-def train(model, Xs, ys, Xv=None, yv=None, callback=None):
+def train(model, Xs, ys, Xv=None, yv=None, callback=None, *, ws=None, wv=None):
     """Optimise ``model.module_`` in place. Returns ``(history, info)``.
 
     Parameters
@@ -169,6 +173,8 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
     Xv, yv : optional validation tensors (early stopping on validation NLL).
     callback : optional ``callback(Progress) -> bool | None``; ``False`` cancels. Distributed:
         called on rank 0 only.
+    ws, wv : per-observation weights of the training / validation rows (weighted fits only); each
+        step sees its batch's weights as ``model._wb``.
     """
     from gpcore import distributed as D
 
@@ -184,6 +190,7 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
         if dctx is not None and dctx.world_size > 1:
             D.check_supported(model)
             probe = (Xs[:8], ys[:8], n) if n > 0 else None
+            model._wb = None if ws is None else ws[:8]  # the probe's loss sees its rows' weights
             dist_steps = D.DistributedSteps(model, dctx, n, cfg.batch_size, model.full_batch, cfg.seed, probe)
             n = dist_steps.n_global
             full = model.full_batch or cfg.batch_size >= n
@@ -191,12 +198,13 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None):
             if model.full_batch and n < dctx.world_size:
                 raise ValueError(f"{n} training points cannot be split over {dctx.world_size} processes")
         opt = _make_optimizer(model, cfg, perf)
-        return _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps)
+        return _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps, ws, wv)
     finally:
+        model._wb = None
         restore()
 
 
-def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps):
+def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps, ws=None, wv=None):
     gen = torch.Generator().manual_seed(cfg.seed)
     main = dist_steps is None or dist_steps.ctx.is_main
     if dist_steps is None:
@@ -219,7 +227,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
             batches = dist_steps.epoch_batches(Xs.device)
             for idx, b_local, b_global in batches:
                 opt.zero_grad(set_to_none=True)
-                loss = dist_steps.step(Xs, ys, idx, b_local, b_global, n)
+                loss = dist_steps.step(Xs, ys, idx, b_local, b_global, n, ws)
                 opt.step()
                 total += loss.double()
                 step += 1
@@ -231,6 +239,8 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
                 batches = iterate_batches(n, cfg.batch_size, gen, Xs.device)
             for idx in batches:
                 xb, yb = (Xs, ys) if idx is None else (Xs[idx], ys[idx])
+                if ws is not None:
+                    model._wb = ws if idx is None else ws[idx]
                 opt.zero_grad(set_to_none=True)
                 loss = model._step(xb, yb, n)
                 opt.step()
@@ -246,10 +256,11 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
             diverged = True
             break
         if has_val:
+            model._wb = None
             if dist_steps is not None:
-                val_nll, val_rmse = dist_steps.validation_metrics(Xs, ys, Xv, yv)
+                val_nll, val_rmse = dist_steps.validation_metrics(Xs, ys, Xv, yv, ws, wv)
             else:
-                val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv)
+                val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv, ws, wv)
             metric = val_nll
         else:
             val_nll = val_rmse = None

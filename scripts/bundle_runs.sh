@@ -13,6 +13,6 @@ for spec in "dbk-rbf:--set epochs=100" "svgp:" "ppgp:"; do
   rm -rf "$out"
   # shellcheck disable=SC2086
   python -m gpcore fit --data sample:puerto_rico --quarter 2023 --y download_mbps --transform log10 \
-      --strata county_metro --model "$model" $extra --cell-km 1 --seed 0 --out "$out"
+      --strata county_metro --model "$model" $extra --set recalibrate=none --cell-km 1 --seed 0 --out "$out"
 done
 du -sh sample_data/runs/*

@@ -77,12 +77,23 @@ def page() -> None:
     st.subheader("Ranking")
     st.dataframe(charts.format_metrics(overall[["rank", "model", *[c for c in METRIC_COLS if c in overall], "run"]]),
                  hide_index=True, width="stretch")
+    from gpcore.runs import NO_RECAL
+
+    is_before = table.group.astype(str).str.endswith(NO_RECAL)
+    before, table = table[is_before], table[~is_before]
     per = table[table.group != "all"]
     if not per.empty:
         st.subheader("Per stratum")
         order = {m: i for i, m in enumerate(overall["model"])}
         per = per.assign(_o=per["model"].map(order)).sort_values(["group", "_o"]).drop(columns="_o")
         st.dataframe(charts.format_metrics(per[["group", "model", *[c for c in METRIC_COLS if c in per]]]),
+                     hide_index=True, width="stretch")
+    if not before.empty:
+        recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
+        st.subheader("Without recalibration")
+        st.caption(f"{', '.join(recal)}: variances rescaled per stratum on the validation split (the tables above); "
+                   "here the same test rows before that.")
+        st.dataframe(charts.format_metrics(before[["group", "model", *[c for c in METRIC_COLS if c in before]]]),
                      hide_index=True, width="stretch")
 
     tests = []

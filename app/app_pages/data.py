@@ -129,7 +129,8 @@ def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec 
         w_opts = [NONE, *[c for c in numeric if c != y]]
         weight = st.selectbox("Weight column (optional)", w_opts,
                               index=w_opts.index(base.weight) if base.weight in w_opts else 0, key=f"w_weight_{sfx}",
-                              help="Measurements behind each value (Ookla: tests).")
+                              help="Measurements behind each value (Ookla: tests): a row's noise is "
+                                   "tau^2 + sigma^2 / w, both learned; metrics get bins 1, 2-4, 5-16, >16.")
     c3, c4 = st.columns(2)
     with c3:
         t_opts = [AUTO, NONE, *cols]

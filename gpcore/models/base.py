@@ -20,6 +20,13 @@ Conventions
   ``_predict_f``, ``_kernel_s``, ``_noise_s``); the rest (validation, batching, scaling,
   persistence, the training loop in :mod:`gpcore.train`) is shared.
 * ``__init__`` only stores validated settings; fitted state lives in attributes ending in ``_``.
+
+Per-observation weights (``fit(..., weights=w)``): observation ``i`` is the mean of ``w_i``
+measurements, so its noise variance is ``tau^2 + sigma^2 / w_i`` -- a nugget ``tau^2`` (the module's
+``raw_nugget``, added only for weighted fits) plus measurement noise ``sigma^2`` (the model's usual
+noise) averaged over ``w_i`` measurements; both are learned. Without weights nothing changes (no
+nugget, noise ``sigma^2``). While a weighted model trains or finalises, ``self._wb`` holds the
+weights of the rows being processed and :meth:`GPModel._noise_rows` gives their noise variances.
 """
 
 from __future__ import annotations
@@ -69,6 +76,9 @@ class BaseConfig:
     dtype: str = setting("float32", help="precision of networks and n-sized tensors", choices=tuple(DTYPES))
     seed: int = setting(0, help="random seed (initialisation and batch order)", min=0)
     predict_batch_size: int = setting(16384, help="points per prediction batch (bounds memory)", min=1)
+    recalibrate: str = setting(
+        "none", help="scale predictive variances on the validation split: 'none', 'global' or 'group' (per stratum)",
+        choices=("none", "global", "group"))
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -156,7 +166,9 @@ class Prediction:
     ----------
     mean : (m,) posterior mean of f (and of y).
     var_f : (m,) latent-function variance.
-    var_y : (m,) predictive variance of a new observation, ``var_f + noise``.
+    var_y : (m,) predictive variance of a new observation, ``var_f + noise``; for a model fitted with
+        per-observation weights, a new observation averaged over the ``weights`` passed to
+        ``predict`` (one measurement when none are): ``var_f + tau^2 + sigma^2 / w``.
     """
 
     mean: np.ndarray
@@ -268,6 +280,28 @@ def as_2d_float(X, what: str = "X", d: int | None = None) -> np.ndarray:
     return arr
 
 
+def as_weights(w, n: int, what: str = "weights") -> np.ndarray:
+    """Validate per-observation weights: ``(n,)``, finite and > 0 (e.g. a count of measurements)."""
+    arr = as_1d_float(w, n, what)
+    bad = ~(arr > 0)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise InputError(
+            f"{what} has {rows.size} value(s) <= 0 (rows {', '.join(map(str, rows[:8]))}"
+            f"{', ...' if rows.size > 8 else ''}); a weight is a number of measurements, so it must be > 0: "
+            "drop those rows or fix the weight column"
+        )
+    return arr
+
+
+def as_groups(groups, n: int, what: str = "groups") -> np.ndarray:
+    """Validate stratum labels: one per row (strings; missing values become ``'nan'``)."""
+    arr = np.asarray(groups).astype(str).reshape(-1)
+    if arr.shape[0] != n:
+        raise InputError(f"{what} has {arr.shape[0]} labels but X has {n} rows; they must match")
+    return arr
+
+
 def as_1d_float(y, n: int, what: str = "y") -> np.ndarray:
     try:
         arr = np.asarray(y, dtype=np.float64)
@@ -310,6 +344,10 @@ class GPModel:
 
     name: ClassVar[str] = "base"
     Config: ClassVar[type[BaseConfig]] = BaseConfig
+    #: weights of the rows the current training step / finalize sees (scaled tensor), None when unweighted
+    _wb: torch.Tensor | None = None
+    #: initial nugget tau^2 of a weighted fit, as a fraction of the initial noise variance sigma^2
+    NUGGET_INIT_FRACTION: ClassVar[float] = 0.1
     #: True when predictions need caches computed from the full training data (``_finalize``).
     needs_finalize: ClassVar[bool] = False
 
@@ -320,6 +358,7 @@ class GPModel:
         self.history_: list[dict] = []
         self.train_info_: dict = {}
         self.fitted_ = False
+        self.recal_: dict | None = None
 
     # ---------------------------------------------------------------- properties
     @property
@@ -365,16 +404,30 @@ class GPModel:
         return self._to_tensor((y - self.y_mean_) / self.y_std_)
 
     # ---------------------------------------------------------------- fitting
-    def fit(self, X, y, X_val=None, y_val=None, callback: Callable | None = None) -> GPModel:
+    def fit(
+        self, X, y, X_val=None, y_val=None, callback: Callable | None = None, *, weights=None, val_weights=None,
+        groups=None, val_groups=None,
+    ) -> GPModel:
         """Train on ``X`` (``n x d``), ``y`` (``n``); early stopping on ``(X_val, y_val)`` if given.
 
         ``callback(progress)`` is called after every epoch with a :class:`gpcore.train.Progress`;
         returning ``False`` cancels training, keeping the best state so far.
+
+        ``weights`` (``(n,)``, > 0): observation ``i`` is the mean of ``weights[i]`` measurements; its
+        noise variance is ``tau^2 + sigma^2 / weights[i]`` with both learned (module docstring).
+        ``val_weights`` are the validation rows' weights (required with weights and a validation set).
+        ``weights=None`` is the unweighted model, exactly as before.
+
+        ``groups`` / ``val_groups``: a stratum label per training / validation row. With the setting
+        ``recalibrate="group"`` (or ``"global"``) the predictive variance is rescaled after training
+        from the validation split only (:meth:`recalibrate`); ``groups`` are accepted for symmetry and
+        not used by training.
         """
         from gpcore.train import train
 
         X = as_2d_float(X, "X")
         y = as_1d_float(y, X.shape[0], "y")
+        w = None if weights is None else as_weights(weights, X.shape[0], "weights")
         if X.shape[0] < 2:
             raise InputError(f"need at least 2 training points, got {X.shape[0]}")
         has_val = X_val is not None or y_val is not None
@@ -385,6 +438,13 @@ class GPModel:
             y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
             if X_val.shape[0] == 0:
                 has_val = False
+        if val_weights is not None and w is None:
+            raise InputError("val_weights were given without weights; pass weights for the training rows too")
+        wv = None
+        if has_val and w is not None:
+            if val_weights is None:
+                raise InputError("the model is fitted with weights: pass val_weights for the validation rows too")
+            wv = as_weights(val_weights, X_val.shape[0], "val_weights")
         torch.manual_seed(self.config.seed)
         np.random.seed(self.config.seed)
         self.d_ = X.shape[1]
@@ -395,10 +455,14 @@ class GPModel:
         Xv = self.scale_x(X_val) if has_val else None
         yv = self.scale_y(y_val) if has_val else None
         self.module_ = self._build(self.d_, Xs, ys).to(device=self.device, dtype=self.dtype)
+        ws = wvs = None
+        if w is not None:
+            self._add_nugget()
+            ws, wvs = self._to_tensor(w), (self._to_tensor(wv) if wv is not None else None)
         t0 = time.perf_counter()
         try:
-            self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback)
-            self.finalize(Xs, ys)
+            self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wvs)
+            self.finalize(Xs, ys, ws)
         except torch.linalg.LinAlgError as e:  # a factorisation of NaN/inf parameters: training diverged
             from gpcore.errors import TrainingError
 
@@ -408,14 +472,156 @@ class GPModel:
             ) from e
         self.train_info_["fit_seconds"] = time.perf_counter() - t0
         self.fitted_ = True
+        self.recal_ = None
+        if groups is not None:
+            as_groups(groups, X.shape[0], "groups")
+        if self.config.recalibrate != "none":
+            if not has_val:
+                raise InputError(
+                    f"recalibrate={self.config.recalibrate!r} is fitted on the validation split: pass X_val and y_val"
+                )
+            self.recalibrate(X_val, y_val, val_weights=val_weights, val_groups=val_groups)
         return self
 
+    # ---------------------------------------------------------------- recalibration
+    #: fewer validation rows than this in a stratum: that stratum uses the global scale
+    RECAL_MIN_ROWS: ClassVar[int] = 20
+    #: the interval level the recalibrated variances are conformal for
+    RECAL_LEVEL: ClassVar[float] = 0.95
+
+    @staticmethod
+    def conformal_variance_scale(z: np.ndarray, level: float = 0.95) -> float:
+        """Variance scale ``c`` making ``mean ± z_level sqrt(c var_y)`` a split-conformal ``level`` interval.
+
+        ``z = |y - mean| / sd`` on calibration rows; ``q`` is the ``ceil((n + 1) level)``-th smallest
+        (the finite-sample conformal quantile; the largest when that exceeds ``n``) and ``c = (q / z_level)^2``.
+        """
+        z = np.sort(np.asarray(z, dtype=np.float64))
+        k = min(int(math.ceil((z.size + 1) * level)), z.size)
+        return float((z[k - 1] / NormalDist().inv_cdf(0.5 + level / 2.0)) ** 2)
+
+    def recalibrate(self, X_val, y_val, *, val_weights=None, val_groups=None, kind: str | None = None) -> dict:
+        """Fit the variance recalibration on validation rows only; stored in ``recal_`` (and saved).
+
+        ``kind`` (default the ``recalibrate`` setting): ``"global"`` one scale ``c``; ``"group"`` one
+        scale per stratum of ``val_groups`` (Mondrian split-conformal), strata with fewer than
+        ``RECAL_MIN_ROWS`` validation rows use the global one. ``predict`` multiplies ``var_y`` by the
+        scale (``var_f`` is the latent variance and is left as it is).
+        """
+        kind = kind or self.config.recalibrate
+        if kind not in ("global", "group"):
+            raise ConfigError(f"recalibrate kind {kind!r} is not allowed; allowed values: 'global', 'group'")
+        self._check_fitted()
+        X_val = as_2d_float(X_val, "X_val", d=self.d_)
+        y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
+        if X_val.shape[0] == 0:
+            raise InputError("recalibration needs validation rows; the validation split is empty")
+        self.recal_ = None  # score the uncalibrated model
+        pred = self.predict(X_val, weights=val_weights)
+        z = np.abs(y_val - pred.mean) / np.sqrt(pred.var_y)
+        state = {"kind": kind, "level": self.RECAL_LEVEL, "global": self.conformal_variance_scale(z, self.RECAL_LEVEL),
+                 "n": int(z.size), "scales": {}, "counts": {}}
+        if kind == "group":
+            if val_groups is None:
+                raise InputError("recalibrate='group' needs val_groups: a stratum label per validation row")
+            g = as_groups(val_groups, X_val.shape[0], "val_groups")
+            for label in sorted(set(g.tolist())):
+                sel = g == label
+                state["counts"][label] = int(sel.sum())
+                if sel.sum() >= self.RECAL_MIN_ROWS:
+                    state["scales"][label] = self.conformal_variance_scale(z[sel], self.RECAL_LEVEL)
+        self.recal_ = state
+        return state
+
+    def variance_scale(self, m: int, groups=None) -> np.ndarray | float:
+        """The recalibration factor of ``var_y`` for ``m`` rows (1 without recalibration).
+
+        ``"group"``: each row's stratum scale; rows without ``groups``, or of a stratum that had too few
+        validation rows or was not in the validation split, get the global scale.
+        """
+        state = getattr(self, "recal_", None)
+        if not state:
+            return 1.0
+        if state["kind"] == "global" or groups is None:
+            return state["global"]
+        g = as_groups(groups, m, "groups")
+        return np.array([state["scales"].get(label, state["global"]) for label in g.tolist()], dtype=np.float64)
+
     @torch.no_grad()
-    def finalize(self, Xs: torch.Tensor, ys: torch.Tensor) -> None:
+    def finalize(self, Xs: torch.Tensor, ys: torch.Tensor, ws: torch.Tensor | None = None) -> None:
         """Recompute prediction caches from the (scaled) training data, if the model needs them."""
         if self.needs_finalize:
             self.module_.eval()
-            self._finalize(Xs, ys)
+            self._check_weights(ws)
+            prev, self._wb = self._wb, ws
+            try:
+                self._finalize(Xs, ys)
+            finally:
+                self._wb = prev
+
+    # ---------------------------------------------------------------- per-observation weights
+    @property
+    def weighted(self) -> bool:
+        """Whether the model was fitted with per-observation weights (it has a nugget tau^2)."""
+        return self.module_ is not None and hasattr(self.module_, "raw_nugget")
+
+    def _add_nugget(self) -> None:
+        """Give the module the learned nugget ``tau^2`` of a weighted fit (before training; see load_model)."""
+        from gpcore.models.linalg import inv_softplus
+
+        with torch.no_grad():
+            init = max(float(self._noise_s()) * self.NUGGET_INIT_FRACTION, 1e-6)
+        p = next(iter(self.module_.parameters()))
+        self.module_.raw_nugget = nn.Parameter(torch.tensor(inv_softplus(init), dtype=self.dtype, device=p.device))
+
+    def _check_weights(self, ws) -> None:
+        if ws is not None and not self.weighted:
+            raise InputError(f"{type(self).__name__} was fitted without weights; it takes no training weights")
+        if ws is None and self.weighted and self.needs_finalize:
+            raise InputError(f"{type(self).__name__} was fitted with weights; pass the training rows' weights too")
+
+    def _nugget_s(self) -> torch.Tensor:
+        """Nugget ``tau^2`` in standardised units (zero for an unweighted model)."""
+        if not self.weighted:
+            return torch.zeros(())
+        return nn.functional.softplus(self.module_.raw_nugget)
+
+    def _noise_rows(self, s2: torch.Tensor | None = None, start: int | None = None, stop: int | None = None):
+        """Noise variance of the rows in hand: ``s2`` unweighted, else ``tau^2 + s2 / w`` per row.
+
+        ``w`` is ``self._wb`` (the current batch's or finalize's weights), sliced ``[start:stop]``.
+        ``s2`` defaults to the model's noise ``sigma^2`` (standardised units).
+        """
+        s2 = self._noise_s() if s2 is None else s2
+        w = self._wb
+        if w is None:
+            return s2
+        if start is not None or stop is not None:
+            w = w[start:stop]
+        return self._nugget_s().to(s2.dtype) + s2 / w.to(dtype=s2.dtype, device=s2.device)
+
+    def _noise_of(self, w: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`_noise_rows` for the rows whose weights are ``w`` (None: unweighted / one noise level)."""
+        prev, self._wb = self._wb, w
+        try:
+            return self._noise_rows()
+        finally:
+            self._wb = prev
+
+    def _obs_noise_np(self, weights, m: int) -> np.ndarray | float:
+        """Noise variance of new observations in caller units (``weights=None``: one measurement)."""
+        s2 = float(self._noise_s()) * self.y_std_**2
+        if not self.weighted:
+            if weights is not None:
+                raise InputError(
+                    f"{type(self).__name__} was fitted without weights; predict(..., weights=...) needs a model "
+                    "fitted with weights"
+                )
+            return s2
+        tau2 = float(self._nugget_s()) * self.y_std_**2
+        if weights is None:
+            return tau2 + s2
+        return tau2 + s2 / as_weights(weights, m, "weights")
 
     # ---------------------------------------------------------------- prediction
     def _check_fitted(self) -> None:
@@ -438,13 +644,20 @@ class GPModel:
         return torch.cat(means), torch.cat(vars_)
 
     @torch.no_grad()
-    def predict(self, X, batch_size: int | None = None) -> Prediction:
+    def predict(self, X, batch_size: int | None = None, *, weights=None, groups=None) -> Prediction:
         """Predictive marginals at ``X`` (``m x d``), in the caller's units, batch by batch.
 
-        Memory beyond the ``(m,)`` outputs is bounded by one batch.
+        Memory beyond the ``(m,)`` outputs is bounded by one batch. For a model fitted with weights,
+        ``var_y`` is for a new observation averaged over ``weights`` measurements (``(m,)``;
+        ``None`` = one measurement): ``var_f + tau^2 + sigma^2 / w``. ``var_f`` does not depend on it.
+
+        A recalibrated model (setting ``recalibrate``) multiplies ``var_y`` by its validation-fitted
+        scale, per row's stratum in ``groups`` for ``"group"`` (:meth:`variance_scale`).
         """
         self._check_fitted()
         X = as_2d_float(X, "X", d=self.d_)
+        noise = self._obs_noise_np(weights, X.shape[0])
+        vscale = self.variance_scale(X.shape[0], groups)
         self.module_.eval()
         m = X.shape[0]
         mean = np.empty(m)
@@ -457,7 +670,10 @@ class GPModel:
         s2 = self.y_std_**2
         mean = mean * self.y_std_ + self.y_mean_
         var_f = var_f * s2
-        return Prediction(mean=mean, var_f=var_f, var_y=var_f + self.noise_variance)
+        var_y = var_f + noise
+        if not (isinstance(vscale, float) and vscale == 1.0):
+            var_y = var_y * vscale
+        return Prediction(mean=mean, var_f=var_f, var_y=var_y)
 
     # ---------------------------------------------------------------- kernel
     @torch.no_grad()
@@ -522,10 +738,28 @@ class GPModel:
 
     @property
     def noise_variance(self) -> float:
-        """Learned Gaussian noise variance sigma^2, in the caller's target units squared."""
+        """Learned Gaussian noise variance sigma^2, in the caller's target units squared.
+
+        For a model fitted with weights: the noise of one measurement, ``tau^2 + sigma^2``
+        (see :attr:`nugget_variance` and :attr:`measurement_noise_variance`).
+        """
+        self._check_fitted()
+        with torch.no_grad():
+            return float(self._noise_s() + self._nugget_s()) * self.y_std_**2
+
+    @property
+    def measurement_noise_variance(self) -> float:
+        """``sigma^2``: the noise of one measurement less the nugget (caller units; = noise_variance unweighted)."""
         self._check_fitted()
         with torch.no_grad():
             return float(self._noise_s()) * self.y_std_**2
+
+    @property
+    def nugget_variance(self) -> float:
+        """``tau^2``: noise that averaging over measurements does not remove (0 for an unweighted model)."""
+        self._check_fitted()
+        with torch.no_grad():
+            return float(self._nugget_s()) * self.y_std_**2
 
     @property
     def prior_mean(self) -> float:
@@ -613,6 +847,8 @@ class GPModel:
             "y_mean": self.y_mean_,
             "y_std": self.y_std_,
             "extra": self._extra_state(),
+            "weighted": self.weighted,
+            "recalibration": getattr(self, "recal_", None),
             "train_info": _jsonable(self.train_info_),
             "history": _jsonable(self.history_),
         }
@@ -655,6 +891,7 @@ def load_model(path, device: str | None = None) -> GPModel:
     model.y_std_ = float(meta["y_std"])
     model._set_extra_state(meta.get("extra", {}))
     model.train_info_ = meta.get("train_info", {})
+    model.recal_ = meta.get("recalibration")
     model.history_ = meta.get("history", [])
     state = _load_tensors(path / "model.safetensors")
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
@@ -670,6 +907,9 @@ def load_model(path, device: str | None = None) -> GPModel:
             "the model files do not belong together, re-run the fit"
         )
     module = model._build(model.d_, None, None).to(device=model.device, dtype=model.dtype)
+    model.module_ = module
+    if meta.get("weighted", False):  # absent in models saved before weights existed: unweighted
+        model._add_nugget()
     _load_state_resizing(module, {k: v.to(model.device) for k, v in state.items()})
     model.module_ = module
     model.module_.eval()

@@ -568,6 +568,10 @@ class BlockActions:
         """``S^T S = diag(||s_j||^2)`` (``i x i``)."""
         return torch.diag_embed(self.values.pow(2).sum(-1))
 
+    def noise_gram(self, d: torch.Tensor) -> torch.Tensor:
+        """``S^T diag(d) S`` for per-training-point noise ``d`` (``(n,)``, training order): diagonal too."""
+        return torch.diag_embed((self.values.double().pow(2) * d.double()[self.index]).sum(-1))
+
     def logdet_gram(self) -> torch.Tensor:
         """``log det(S^T S) = sum_j log ||s_j||^2`` (C4: a sum of logs, not the log of a sum)."""
         return torch.log(self.values.double().pow(2).sum(-1)).sum()
@@ -607,6 +611,10 @@ class DenseActions:
     def gram(self) -> torch.Tensor:
         return self.S.transpose(0, 1) @ self.S
 
+    def noise_gram(self, d: torch.Tensor) -> torch.Tensor:
+        S = self.S.double()
+        return (S * d.double().unsqueeze(1)).transpose(0, 1) @ S
+
     def logdet_gram(self) -> torch.Tensor:
         L = psd_safe_cholesky(self.gram().double(), jitters=(0.0,))
         return 2.0 * torch.log(L.diagonal()).sum()
@@ -645,7 +653,8 @@ def cagp_parts(kernel: CaGPKernel, actions, y: torch.Tensor, mu0, s2, cached_KS=
     Parameters
     ----------
     kernel : the prior kernel; actions : :class:`BlockActions` or :class:`DenseActions`.
-    y : ``(n,)`` targets in training order; mu0 : prior mean; s2 : noise variance.
+    y : ``(n,)`` targets in training order; mu0 : prior mean; s2 : noise variance, a scalar or
+        ``(n,)`` per training point (weighted fits: ``Kh = K + diag(s2)``).
     cached_KS : optional ``K S`` computed earlier for the same kernel and actions (the forward
         computation is skipped; gradients still flow).
     """
@@ -653,7 +662,8 @@ def cagp_parts(kernel: CaGPKernel, actions, y: torch.Tensor, mu0, s2, cached_KS=
     StKS = actions.t_rows(KS.double())  # accumulated in float64
     StKS = 0.5 * (StKS + StKS.transpose(0, 1))
     StS = actions.gram().double()
-    Lc = psd_safe_cholesky(StKS + s2.double() * StS)
+    noise = s2.double() * StS if s2.dim() == 0 else actions.noise_gram(s2)  # S^T D S
+    Lc = psd_safe_cholesky(StKS + noise)
     r = (actions.rows(y) - mu0) * actions.row_mask
     ytil = actions.t_rows(r.double())
     vt = torch.cholesky_solve(ytil.unsqueeze(-1), Lc).squeeze(-1)
@@ -666,6 +676,8 @@ def elbo_loss(kernel: CaGPKernel, actions, y: torch.Tensor, mu0, s2, parts: CaGP
     ``l_ELBO >= -log p(y)`` with equality for ``i = n`` and full-rank ``S``. Returns a float64 scalar.
     """
     p = cagp_parts(kernel, actions, y, mu0, s2) if parts is None else parts
+    if s2.dim() > 0:
+        return _elbo_loss_diag(kernel, actions, y, mu0, s2, p)
     mask = actions.row_mask
     n = y.shape[0]
     i = p.Lc.shape[0]
@@ -687,6 +699,27 @@ def elbo_loss(kernel: CaGPKernel, actions, y: torch.Tensor, mu0, s2, parts: CaGP
         + logdet_A
         - actions.logdet_gram()
     )
+
+
+def _elbo_loss_diag(kernel: CaGPKernel, actions, y: torch.Tensor, mu0, s2: torch.Tensor, p: CaGPParts):
+    """:func:`elbo_loss` with per-point noise ``D = diag(s2)`` (weighted fits), float64 scalar:
+    ``0.5 [sum_j (log d_j + ((y_j - mu_j)^2 + K_i(x_j, x_j)) / d_j) + n log 2pi + v~^T S^T K S v~
+    - tr((S^T Kh S)^-1 S^T K S) + log det(S^T Kh S) - log det(S^T D S)]``; the KL part is
+    ``KL(N(mu_i, K_i) || N(mu0, K))`` with ``log det K - log det K_i = log det(S^T Kh S) - log det(S^T D S)``."""
+    mask = actions.row_mask
+    n = y.shape[0]
+    KS = p.KS.double() * mask.unsqueeze(1)
+    mean = mu0 + KS @ p.vt
+    d = torch.where(mask, actions.rows(s2.double()), torch.ones((), dtype=torch.float64, device=KS.device))
+    W = torch.linalg.solve_triangular(p.Lc, KS.T, upper=False)
+    Ki = kernel.diag(actions.X).double() - W.pow(2).sum(0)
+    data = ((torch.log(d) + ((actions.rows(y).double() - mean).pow(2) + Ki) / d) * mask).sum()
+    quad = p.vt @ (p.StKS @ p.vt)
+    tr_term = torch.cholesky_solve(p.StKS, p.Lc).trace()
+    logdet_A = 2.0 * torch.log(p.Lc.diagonal()).sum()
+    Ld = psd_safe_cholesky(actions.noise_gram(s2), jitters=(0.0,))
+    logdet_D = 2.0 * torch.log(Ld.diagonal()).sum()
+    return 0.5 * (data + n * LOG_2PI + quad - tr_term + logdet_A - logdet_D)
 
 
 def projected_nll(kernel: CaGPKernel, actions, y: torch.Tensor, mu0, s2, parts: CaGPParts | None = None):
@@ -987,7 +1020,7 @@ class CaGP(GPModel):
             mod.kernel,
             Xs,
             ys - mod.mu0.detach(),
-            mod.noise.detach(),
+            self._noise_rows(mod.noise.detach()),
             min(self.config.num_actions, Xs.shape[0]),
             self.config.cg_tol,
         )
@@ -1016,15 +1049,16 @@ class CaGP(GPModel):
             self.refresh_cg_actions(xb, yb)
         acts = mod.actions(xb)
         fn = elbo_loss if self.config.loss == "elbo" else projected_nll
-        parts = cagp_parts(mod.kernel, acts, yb, mod.mu0, mod.noise, cached_KS=cache[1] if hit else None)
-        loss = fn(mod.kernel, acts, yb, mod.mu0, mod.noise, parts=parts)
+        s2 = self._noise_rows(mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
+        parts = cagp_parts(mod.kernel, acts, yb, mod.mu0, s2, cached_KS=cache[1] if hit else None)
+        loss = fn(mod.kernel, acts, yb, mod.mu0, s2, parts=parts)
         return (loss / n).to(xb.dtype)
 
     def _finalize(self, Xs, ys):
         mod = self.module_
         if self.config.actions == "cg":
             self.refresh_cg_actions(Xs, ys)
-        p = cagp_parts(mod.kernel, mod.actions(Xs), ys, mod.mu0, mod.noise)
+        p = cagp_parts(mod.kernel, mod.actions(Xs), ys, mod.mu0, self._noise_rows(mod.noise))
         mod.register_buffer("Lc", p.Lc.detach().clone())
         mod.register_buffer("vt", p.vt.detach().clone())
         self._cache = (self._state_key(Xs), p.KS.detach())

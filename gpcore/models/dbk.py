@@ -134,6 +134,33 @@ def mml_from_stats(A, c_raw, s1, yy, sy, n: int, mu0, s2):
     )
 
 
+def weighted_stats(phi: torch.Tensor, y: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Sufficient statistics of the DBK marginal likelihood with per-point noise ``d`` (float64).
+
+    ``(Phi^T D^-1 Phi, Phi^T D^-1 y, Phi^T D^-1 1, y^T D^-1 y, 1^T D^-1 y, 1^T D^-1 1, sum log d)``;
+    each is a sum over rows, so chunks and ranks add up. Differentiable in ``phi`` and ``d``.
+    """
+    phi, y, d = phi.double(), y.double(), d.double()
+    pw = phi / d[:, None]
+    return pw.T @ phi, pw.T @ y, pw.sum(0), (y * y / d).sum(), (y / d).sum(), (1.0 / d).sum(), torch.log(d).sum()
+
+
+def mml_from_weighted_stats(A, c_raw, s1, yy, sy, s0, logdet, n: int, mu0):
+    """DBK ``log p(y)`` with diagonal noise ``D`` (:func:`weighted_stats`): ``y ~ N(mu0, Phi Phi^T + D)``.
+
+    ``-n/2 log 2pi - 1/2 sum log d - 1/2 log|I + A| - 1/2 yc^T D^-1 yc + 1/2 c^T (I + A)^-1 c`` with
+    ``A = Phi^T D^-1 Phi`` and ``c = Phi^T D^-1 yc`` (Woodbury and the determinant lemma). With
+    ``D = s2 I`` it is :func:`mml_from_stats`.
+    """
+    r = A.shape[-1]
+    c = c_raw - mu0 * s1
+    yc2 = yy - 2.0 * mu0 * sy + mu0 * mu0 * s0
+    eye = torch.eye(r, dtype=A.dtype, device=A.device)
+    L = torch.linalg.cholesky(eye + A)
+    v = torch.linalg.solve_triangular(L, c.unsqueeze(-1), upper=False).squeeze(-1)
+    return -0.5 * n * LOG_2PI - 0.5 * logdet - torch.log(L.diagonal()).sum() - 0.5 * yc2 + 0.5 * v.pow(2).sum()
+
+
 @register("dbk", description="Deep basis kernel GP (DBK-SiLU / DBK-RBF; dPPGP or exact MML)")
 class DBK(GPModel):
     """Deep basis kernel GP (ALGORITHMS.md 2)."""
@@ -162,10 +189,16 @@ class DBK(GPModel):
 
     # ------------------------------------------------------------------ objectives
     def log_marginal_likelihood(self, Xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        """Exact DBK ``log p(y)`` (eq. 11) on scaled data, single pass, differentiable."""
+        """Exact DBK ``log p(y)`` (eq. 11) on scaled data, single pass, differentiable.
+
+        Weighted fits (``self._wb`` set): the diagonal noise ``tau^2 + sigma^2 / w_i``
+        (:func:`mml_from_weighted_stats`)."""
         mod = self.module_
         Phi = mod.features(Xs).double()
         yd = ys.double()
+        if self._wb is not None:
+            stats = weighted_stats(Phi, yd, self._noise_rows(mod.noise))
+            return mml_from_weighted_stats(*stats, Xs.shape[0], mod.mu0.double())
         return mml_from_stats(
             Phi.T @ Phi, Phi.T @ yd, Phi.sum(0), yd @ yd, yd.sum(), Xs.shape[0], mod.mu0.double(), mod.noise.double()
         )
@@ -175,7 +208,7 @@ class DBK(GPModel):
         mod = self.module_
         phi = mod.features(xb)
         L = mod.q_factor()
-        s2 = mod.noise
+        s2 = self._noise_rows(mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
         mu = mod.mu0 + phi @ mod.m
         s2y = triangular_row_sqnorm(phi, L) + s2
         data = gaussian_nll(yb, mu, s2y).mean()
@@ -205,6 +238,8 @@ class DBK(GPModel):
         back-propagates ``-log p / n`` through the r x r statistics; pass 2 recomputes each
         chunk's features with a graph and pushes the statistics' adjoints into the network.
         """
+        if self._wb is not None:
+            return self._two_pass_weighted(Xs, ys, chunk)
         mod = self.module_
         n = Xs.shape[0]
         r = self.config.rank
@@ -240,6 +275,30 @@ class DBK(GPModel):
             (phi * grad_phi).sum().backward()
         return loss.detach()
 
+    def _two_pass_weighted(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int) -> torch.Tensor:
+        """:meth:`two_pass_step` with per-point noise: pass 1 sums :func:`weighted_stats` without a graph
+        and back-propagates ``-log p / n`` to them; pass 2 recomputes each chunk's statistics with a
+        graph (features and noise) and back-propagates their inner product with those adjoints."""
+        mod = self.module_
+        n = Xs.shape[0]
+        with torch.no_grad():
+            parts = [weighted_stats(phi, ys[i : i + chunk], self._noise_rows(mod.noise, i, i + chunk))
+                     for i, phi in self._features_chunked(Xs, chunk)]
+            stats = [torch.stack([p[k] for p in parts]).sum(0) for k in range(7)]
+            n_all = reduce_stats_(*stats, count=n)
+        for t in stats:
+            t.requires_grad_(True)
+        loss = -mml_from_weighted_stats(*stats, n_all, mod.mu0.double()) / n_all
+        loss.backward()
+        adj = [t.grad for t in stats]
+        share = local_grad_scale()
+        for i in range(0, n, chunk):
+            phi = mod.features(Xs[i : i + chunk])
+            st = weighted_stats(phi, ys[i : i + chunk], self._noise_rows(mod.noise, i, i + chunk))
+            surrogate = sum((a * g).sum() for a, g in zip(st, adj, strict=True))
+            (surrogate * share).backward()
+        return loss.detach()
+
     # ------------------------------------------------------------------ posterior
     def _finalize(self, Xs, ys):
         """Exact weight posterior (eq. 10), chunked: cache ``wbar`` and ``U = sqrt(s2) L_Lambda^{-T}``."""
@@ -248,6 +307,18 @@ class DBK(GPModel):
         A = torch.zeros(r, r, dtype=torch.float64, device=Xs.device)
         c = torch.zeros(r, dtype=torch.float64, device=Xs.device)
         mu0 = mod.mu0.double()
+        if self._wb is not None:  # diagonal noise D: q(w) = N((I + Phi^T D^-1 Phi)^-1 Phi^T D^-1 yc, (I + ...)^-1)
+            chunk = self.config.predict_batch_size
+            for i, phi in self._features_chunked(Xs, chunk):
+                pw = phi.double() / self._noise_rows(mod.noise.double(), i, i + chunk)[:, None]
+                A += pw.T @ phi.double()
+                c += pw.T @ (ys[i : i + phi.shape[0]].double() - mu0)
+            reduce_stats_(A, c)
+            eye = torch.eye(r, dtype=torch.float64, device=Xs.device)
+            LL = torch.linalg.cholesky(eye + A)
+            mod.post_m.copy_(torch.cholesky_solve(c.unsqueeze(-1), LL).squeeze(-1).to(mod.post_m.dtype))
+            mod.post_U.copy_(torch.linalg.solve_triangular(LL, eye, upper=False).T.to(mod.post_U.dtype))
+            return
         for i, phi in self._features_chunked(Xs, self.config.predict_batch_size):
             phi = phi.double()
             A += phi.T @ phi

@@ -82,7 +82,8 @@ class ExactGP(GPModel):
         mod = self.module_
         n = Xs.shape[0]
         K = mod.K(Xs, Xs).double()
-        K = K + mod.noise.double() * torch.eye(n, dtype=torch.float64, device=Xs.device)
+        # sigma^2 I, or diag(tau^2 + sigma^2 / w) for a weighted fit (a (n,) row times I is that diagonal)
+        K = K + self._noise_rows(mod.noise.double()) * torch.eye(n, dtype=torch.float64, device=Xs.device)
         L = psd_safe_cholesky(K)
         r = (ys.double() - mod.mu0.double()).unsqueeze(-1)
         v = torch.linalg.solve_triangular(L, r, upper=False)
@@ -94,7 +95,8 @@ class ExactGP(GPModel):
     def _finalize(self, Xs, ys):
         mod = self.module_
         n = Xs.shape[0]
-        K = mod.K(Xs, Xs).double() + mod.noise.double() * torch.eye(n, dtype=torch.float64, device=Xs.device)
+        eye = torch.eye(n, dtype=torch.float64, device=Xs.device)
+        K = mod.K(Xs, Xs).double() + self._noise_rows(mod.noise.double()) * eye
         L = psd_safe_cholesky(K)
         alpha = torch.cholesky_solve((ys.double() - mod.mu0.double()).unsqueeze(-1), L).squeeze(-1)
         for name, value in (("X_train", Xs), ("alpha", alpha), ("L", L)):

@@ -122,6 +122,14 @@ def batch_solve(
     """
     W, Kzz, rhs = W.double(), Kzz.double(), rhs.double()
     s2 = noise.double()
+    if s2.dim() > 0:  # per-point noise (weighted fits): Sig = W Kzz W^T + diag(s2)
+        if solver == "dense":
+            return torch.cholesky_solve(rhs, _cholesky(W @ Kzz @ W.T + torch.diag(s2)))
+        F = W @ _cholesky(Kzz)
+        Fd = F / s2[:, None]
+        Lam = F.T @ Fd + torch.eye(F.shape[1], dtype=W.dtype, device=W.device)
+        t = torch.cholesky_solve(Fd.T @ rhs, _cholesky(Lam))
+        return (rhs - F @ t) / s2[:, None]
     if solver == "dense":
         Sig = W @ Kzz @ W.T + s2 * torch.eye(W.shape[0], dtype=W.dtype, device=W.device)
         return torch.cholesky_solve(rhs, _cholesky(Sig))
@@ -137,8 +145,11 @@ def sig_bilinear(W: torch.Tensor, Kzz: torch.Tensor, noise: torch.Tensor, U: tor
     """Column-wise ``u_j^T Sig v_j`` with ``Sig = W Kzz W^T + noise I`` without forming ``Sig``.
 
     ``W``: ``b x m``; ``U``, ``V``: ``b x k``. Returns ``(k,)``. Differentiable in ``W, Kzz, noise``.
+    ``noise`` may be ``(b,)`` (per-point noise of a weighted fit).
     """
     WU, WV = W.T @ U, W.T @ V
+    if noise.dim() > 0:
+        return (WU * (Kzz @ WV)).sum(0) + (noise.unsqueeze(-1) * U * V).sum(0)
     return (WU * (Kzz @ WV)).sum(0) + noise * (U * V).sum(0)
 
 
@@ -184,6 +195,13 @@ def exact_batch_logp(W: torch.Tensor, Kzz: torch.Tensor, noise: torch.Tensor, y:
     W, Kzz, y = W.double(), Kzz.double(), y.double()
     s2 = noise.double()
     b, m = W.shape
+    if s2.dim() > 0:  # per-point noise D (weighted fits): log|Sig| = sum log d + log|I + F^T D^-1 F|
+        F = W @ _cholesky(Kzz)
+        Fd = F / s2[:, None]
+        LL = _cholesky(F.T @ Fd + torch.eye(m, dtype=W.dtype, device=W.device))
+        v = torch.linalg.solve_triangular(LL, (Fd.T @ y).unsqueeze(-1), upper=False).squeeze(-1)
+        logdet = torch.log(s2).sum() + 2.0 * torch.log(LL.diagonal()).sum()
+        return -0.5 * (b * LOG_2PI + logdet + (y * y / s2).sum() - v @ v)
     F = W @ _cholesky(Kzz)
     LL = _cholesky(F.T @ F + s2 * torch.eye(m, dtype=W.dtype, device=W.device))
     v = torch.linalg.solve_triangular(LL, (F.T @ y).unsqueeze(-1), upper=False).squeeze(-1)
@@ -209,7 +227,8 @@ def qr_fold(
 
     Parameters
     ----------
-    chunks : iterable of ``(W_c, y_c)``: ``c x m`` weight rows and their ``(c,)`` targets.
+    chunks : iterable of ``(W_c, y_c)``: ``c x m`` weight rows and their ``(c,)`` targets; or
+        ``(W_c, y_c, d_c)`` with the rows' own noise variances (weighted fits: rows scaled by ``1/sqrt(d)``).
     Kzz : ``m x m``; noise : scalar s2.
     start : ``k x (m+1)`` initial rows (``[U | 0]`` for the prior block, or zeros).
 
@@ -220,10 +239,12 @@ def qr_fold(
     K = Kzz.double()
     s = torch.sqrt(noise.double())
     R_aug = start.double()
-    for Wc, yc in chunks:
+    for chunk in chunks:
+        Wc, yc = chunk[0], chunk[1]
         if Wc.shape[0] == 0:
             continue
-        Ac = torch.cat([Wc.double() @ K, yc.double().unsqueeze(-1)], dim=1) / s
+        sc = s if len(chunk) == 2 else torch.sqrt(chunk[2].double()).unsqueeze(-1)
+        Ac = torch.cat([Wc.double() @ K, yc.double().unsqueeze(-1)], dim=1) / sc
         R_aug = torch.linalg.qr(torch.cat([R_aug, Ac], dim=0), mode="r")[1]
     return R_aug
 
@@ -488,7 +509,7 @@ class SoftKI(GPModel):
     def batch_terms(self, xb: torch.Tensor):
         """``(W_b, K_zz, s2)`` of a batch, differentiable (module dtype)."""
         mod = self.module_
-        return mod.weights(xb), mod.Kzz(), mod.noise
+        return mod.weights(xb), mod.Kzz(), self._noise_rows(mod.noise)  # (b,) noise for weighted fits
 
     def _loss(self, xb, yb, n):
         W, K, s2 = self.batch_terms(xb)
@@ -502,7 +523,11 @@ class SoftKI(GPModel):
     def _weight_chunks(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int) -> Iterator[tuple]:
         mod = self.module_
         for i in range(0, Xs.shape[0], chunk):
-            yield mod.weights(Xs[i : i + chunk], torch.float64), ys[i : i + chunk]
+            if self._wb is not None:  # weighted fit: each row's own noise tau^2 + sigma^2 / w
+                d = self._noise_rows(mod.noise.double(), i, i + chunk)
+                yield mod.weights(Xs[i : i + chunk], torch.float64), ys[i : i + chunk], d
+            else:
+                yield mod.weights(Xs[i : i + chunk], torch.float64), ys[i : i + chunk]
 
     def fit_posterior(self, Xs: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Streaming QR fit on scaled data with the current parameters: ``(alpha, R)`` in float64.

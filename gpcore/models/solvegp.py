@@ -370,15 +370,16 @@ class SolveGP(GPModel):
         return mod.mu0.double() + mu, s2
 
     # ------------------------------------------------------------------ objectives
-    def _expected_loglik(self, y, mu, s2):
-        noise = self.module_.noise.to(mu.dtype)
+    def _expected_loglik(self, y, mu, s2, noise=None):
+        """``E_q[log N(y | f, noise)]``; ``noise`` defaults to sigma^2 (per point for weighted fits)."""
+        noise = (self.module_.noise if noise is None else noise).to(mu.dtype)
         return -gaussian_nll(y, mu, noise) - s2 / (2.0 * noise)
 
     def _loss(self, xb: torch.Tensor, yb: torch.Tensor, n: int) -> torch.Tensor:
         """``-(1/b) sum_B E_q[log p(y_i | f_i)] + (KL_u + KL_v) / n`` (per-point ELBO, 1.4)."""
         pr = self.prior_factors()
         mu, s2 = self._alg1(xb, pr)
-        data = -self._expected_loglik(yb, mu, s2).mean()
+        data = -self._expected_loglik(yb, mu, s2, self._noise_rows(self.module_.noise)).mean()
         klu, klv = self.kl_terms(pr)
         return data + ((klu + klv) / n).to(data.dtype)
 

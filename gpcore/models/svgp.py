@@ -237,7 +237,7 @@ class SVGP(GPModel):
     def _loss(self, xb, yb, n):
         mod = self.module_
         t = self.terms(xb)
-        s2 = mod.noise
+        s2 = self._noise_rows(mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
         if self.config.objective == "elbo":
             data = gaussian_nll(yb, t["mean"], s2) + t["s2f_corr"] / (2.0 * s2)
             weight = 1.0
@@ -303,9 +303,18 @@ class SVGP(GPModel):
         The whitened optimum is the Bayesian-linear-model posterior of ``w``:
         ``m = Lambda^{-1} Phi^T (y - mu0)``, ``L L^T = s2 Lambda^{-1}``, ``Lambda = Phi^T Phi + s2 I_r``
         (the whitened form of the Titsias ``q(u)`` in 3.1). Returns ``m`` (``(r,)``) and lower ``L``
-        (``r x r``).
+        (``r x r``). Weighted fits (``self._wb`` = the rows' weights): with ``D = diag(tau^2 + s2 / w)``,
+        ``m = (I + Phi^T D^-1 Phi)^{-1} Phi^T D^-1 (y - mu0)``, ``L L^T = (I + Phi^T D^-1 Phi)^{-1}``.
         """
         mod = self.module_
+        if self._wb is not None:
+            phi, _ = mod.features64(Xs, mod.chol_zz())
+            pw = phi / self._noise_rows(mod.noise.double())[:, None]
+            eye = torch.eye(phi.shape[1], dtype=torch.float64, device=phi.device)
+            LL = torch.linalg.cholesky(eye + pw.T @ phi)
+            m = torch.cholesky_solve((pw.T @ (ys.double() - mod.mu0.double())).unsqueeze(-1), LL).squeeze(-1)
+            S = torch.cholesky_inverse(LL)
+            return m, torch.linalg.cholesky(0.5 * (S + S.T))
         A, c, s1, _ = self._stats64(Xs, ys)
         s2 = mod.noise.double()
         eye = torch.eye(A.shape[0], dtype=torch.float64, device=A.device)

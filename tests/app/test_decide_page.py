@@ -140,7 +140,8 @@ def test_maps_draws_p_below_at_the_decide_threshold(app, store):
     assert app.query_params["map"] == "exceed"
     grid = pd.read_parquet(store / RUN / "grid.parquet")
     model = load_model(store / RUN / "model")
-    var_f = np.maximum(grid["sd_t"].to_numpy() ** 2 - model.noise_variance, 0)
+    # the stored sd_t holds a recalibrated run's variance scale (strata runs recalibrate); var_f does not
+    var_f = np.maximum(grid["sd_t"].to_numpy() ** 2 / model.variance_scale(len(grid)) - model.noise_variance, 0)
     p = norm.cdf((np.log10(12.0) - grid["mean_t"].to_numpy()) / np.sqrt(var_f))
     hw, hh = R.spacing_half_sizes(grid["lon"].to_numpy(), grid["lat"].to_numpy())
     raster = R.build_raster_index(grid["lon"].to_numpy(), grid["lat"].to_numpy(), np.full(len(grid), hw[0]),

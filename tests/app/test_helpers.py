@@ -175,6 +175,23 @@ def test_widths_violins_split_by_stratum():
     assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95
 
 
+def test_width_map_title_says_for_how_many_measurements():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from app.mapview import grid_scale
+    from gpcore.data import get_transform
+
+    run = SimpleNamespace(grid=pd.DataFrame({"width_t": [0.5, 1.0], "width": [3.0, 9.0]}), transform=get_transform(
+        "log10"), t_units="log10(Mbps)", units="Mbps", target="download_mbps",
+        manifest={"weights": {"column": "tests", "grid_measurements": 1}, "recalibration": {"kind": "group"}})
+    title = grid_scale(run, "width", "viridis")[2]
+    assert "for a value from 1 measurement (tests = 1)" in title and "recalibrated" in title
+    run.manifest = {}
+    assert grid_scale(run, "width", "viridis")[2] == "95% prediction-interval width (log10(Mbps))"
+
+
 def test_every_chart_gives_a_stratum_the_same_colour_and_many_strata_stay_violins():
     import pandas as pd
 

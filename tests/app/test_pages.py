@@ -142,6 +142,11 @@ def test_compare_draws_violins_for_two_runs(app, store):
     ranking = app.dataframe[0].value
     assert len(ranking) == n_runs() and list(ranking["rank"]) == list(range(1, n_runs() + 1))
     assert {"mae", "rmse", "nll", "crps", "coverage", "pi_width_mean"} <= set(ranking.columns)
+    # strata runs are recalibrated per stratum: the page shows their metrics before recalibration too
+    assert "Without recalibration" in [h.value for h in app.subheader]
+    before = app.dataframe[2].value
+    assert len(before) and before["group"].str.endswith(" (no recalibration)").all()
+    assert not app.dataframe[1].value["group"].str.endswith(" (no recalibration)").any()
 
 
 def test_export_page_offers_every_download(app, store):

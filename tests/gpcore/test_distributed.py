@@ -45,6 +45,13 @@ GRAD_CASES: dict[str, tuple[str, dict]] = {
     "sv-dkl": ("sv-dkl", dict(num_inducing=8, hidden=8, epochs=1, batch_size=64)),
     "solvegp": ("solvegp", {"num_inducing": 8, "num_orthogonal": 8, "epochs": 1, "batch_size": 64}),
 }
+# the same with per-observation weights (issue 14): noise tau^2 + sigma^2 / w; dbk-mml takes the weighted two-pass
+WEIGHTED_CASES: dict[str, tuple[str, dict]] = {
+    "w:dbk-silu-dppgp": ("dbk-silu", dict(rank=12, hidden=8, epochs=3, batch_size=64, lr=1e-2)),
+    "w:dbk-mml": ("dbk-mml", dict(rank=12, hidden=8, epochs=3, lr=1e-2, mml_chunk=50)),
+    "w:svgp-elbo": ("svgp", dict(num_inducing=12, epochs=2, batch_size=64)),
+    "w:ppgp": ("ppgp", dict(num_inducing=12, epochs=2, batch_size=64)),
+}
 # trains distributed with documented per-shard semantics (batch MLL couples points): agreement across ranks only
 SHARD_SEMANTICS = {"softki": ("softki", {"epochs": 2, "batch_size": 64})}
 
@@ -58,6 +65,17 @@ def _data(seed: int = 0):
     X = rng.uniform(-2.0, 2.0, size=(257 + 60, 2))
     y = np.sin(2.0 * X[:, 0]) * np.cos(X[:, 1]) + 0.1 * rng.normal(size=X.shape[0])
     return X[:257], y[:257], X[257:], y[257:]
+
+
+def _weights(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, 40, size=n).astype(float)
+
+
+def _fit(case: str, name: str, kw: dict, X, y, Xv, yv):
+    model = make_model(name, **_settings(kw))
+    if case in WEIGHTED_CASES:
+        return model.fit(X, y, Xv, yv, weights=_weights(len(y), 1), val_weights=_weights(len(yv), 2))
+    return model.fit(X, y, Xv, yv)
 
 
 def _settings(kw: dict) -> dict:
@@ -75,6 +93,7 @@ def _result(model, X) -> dict[str, np.ndarray]:
 
 def _cases():
     names = {k: v for k, v in CASES.items() if _available(v[0])}
+    names.update({k: v for k, v in WEIGHTED_CASES.items() if _available(v[0])})
     names.update({k: v for k, v in SHARD_SEMANTICS.items() if _available(v[0])})
     return names
 
@@ -135,7 +154,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     for case, (name, kw) in _cases().items():
         t0 = time.perf_counter()
         with D.session(ctx):
-            model = make_model(name, **_settings(kw)).fit(X, y, Xv, yv)
+            model = _fit(case, name, kw, X, y, Xv, yv)
         times[case] = time.perf_counter() - t0
         np.savez(os.path.join(outdir, f"{case}-rank{rank}.npz"), **_result(model, Xv))
     # exact MML on per-rank shards (data that does not fit one process): strided rows per rank
@@ -188,7 +207,7 @@ def runs(tmp_path_factory):
 def _single_results(outdir, X, y, Xv, yv, load_model):
     res = {}
     for case, (name, kw) in _cases().items():
-        single = _result(make_model(name, **_settings(kw)).fit(X, y, Xv, yv), Xv)
+        single = _result(_fit(case, name, kw, X, y, Xv, yv), Xv)
         ranks = [dict(np.load(outdir / f"{case}-rank{r}.npz")) for r in range(WORLD)]
         res[case] = (single, *ranks)
     name, kw = CASES["dbk-mml"]
@@ -213,7 +232,7 @@ def _max_diff(a: dict, b: dict) -> tuple[float, str]:
     return worst, key
 
 
-@pytest.mark.parametrize("case", [*CASES, "dbk-mml-sharded"])
+@pytest.mark.parametrize("case", [*CASES, *WEIGHTED_CASES, "dbk-mml-sharded"])
 def test_two_processes_match_single_process(runs, case):
     if case not in runs:
         pytest.skip(f"model of case {case!r} is not registered yet")

@@ -78,3 +78,22 @@ def test_metric_input_errors():
         M.mae([1, 2], [1])
     with pytest.raises(ValueError, match="level"):
         M.coverage([0], [1], [0], level=1.5)
+
+
+def test_weight_bins_and_per_bin_metrics():
+    from gpcore.metrics import coverage_se, evaluate, evaluate_weight_bins, weight_bins
+
+    w = np.array([1, 1, 2, 4, 5, 16, 17, 300, 0.5, 3.5])
+    assert list(weight_bins(w, "tests")) == [
+        "tests 1", "tests 1", "tests 2-4", "tests 2-4", "tests 5-16", "tests 5-16", "tests >16", "tests >16",
+        "tests 1", "tests 2-4",
+    ]
+    rng = np.random.default_rng(0)
+    mean, y = rng.normal(size=10), rng.normal(size=10)
+    var = rng.uniform(0.5, 2.0, size=10)
+    t = evaluate_weight_bins(mean, var, y, w, "tests")
+    assert list(t["group"]) == ["tests 1", "tests 2-4", "tests 5-16", "tests >16"]
+    sel = np.array([0, 0, 1, 1, 0, 0, 0, 0, 0, 1], bool)
+    assert t.iloc[1]["nll"] == pytest.approx(evaluate(mean[sel], var[sel], y[sel])["nll"], rel=1e-12)
+    assert list(evaluate_weight_bins(mean[:2], var[:2], y[:2], w[:2], "w")["group"]) == ["w 1"]
+    assert coverage_se(1900) == pytest.approx(0.005, rel=1e-12)

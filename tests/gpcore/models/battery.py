@@ -47,12 +47,40 @@ class ModelBattery:
             assert arr.dtype == np.float64
             assert np.isfinite(arr).all()
         assert (pred.var_f >= 0).all()
-        np.testing.assert_allclose(pred.var_y, pred.var_f + fitted.noise_variance, rtol=1e-10)
+        assert (pred.var_y > pred.var_f).all()
         lo, hi = pred.interval(0.95)
         np.testing.assert_allclose(hi - lo, 2 * 1.959963984540054 * np.sqrt(pred.var_y), rtol=1e-9)
         assert fitted.noise_variance > 0
         K = fitted.kernel(Xte[:7], Xte[:5])
         assert K.shape == (7, 5)
+
+    def test_predictive_variance_scores_like_the_trainer(self, fitted, data):
+        """Independent oracle for ``var_y``: the trainer scored the restored best epoch on the validation
+        split through its own path (``predict_scaled`` + ``_noise_s`` in standardised units, plus
+        ``log y_std``); the Gaussian NLL of ``predict``'s mean and ``var_y`` in caller units must equal it."""
+        _, _, Xv, yv, _, _ = data
+        pred = fitted.predict(Xv)
+        nll = np.mean(0.5 * np.log(2 * np.pi * pred.var_y) + (yv - pred.mean) ** 2 / (2 * pred.var_y))
+        assert nll == pytest.approx(fitted.train_info_["best_val_nll"], rel=1e-8, abs=1e-10)
+
+    def test_weight_decay_only_on_the_backbone(self, fitted):
+        """ALGORITHMS.md 2.10 / D5: AdamW decays the backbone (input projection, residual blocks, norms)
+        and nothing else: kernel, inducing, variational, noise and mean parameters have no decay."""
+        from gpcore.train import Performance, _make_optimizer
+
+        mod = fitted.module_
+        backbone = getattr(mod, "backbone", None)
+        expected = {id(p) for p in backbone.parameters()} if backbone is not None else set()
+        if self.name in ("dbk", "dbk-silu", "dbk-rbf", "dbk-mml", "sv-dkl", "pp-dkl"):
+            assert expected  # the deep models have a backbone to decay
+        cfg = fitted.config.replace(weight_decay=0.125)
+        opt = _make_optimizer(fitted, cfg, Performance())
+        decayed = {id(p) for g in opt.param_groups if g["weight_decay"] != 0.0 for p in g["params"]}
+        assert decayed == expected
+        trainable = [id(p) for p in mod.parameters() if p.requires_grad]
+        in_groups = [id(p) for g in opt.param_groups for p in g["params"]]
+        assert sorted(in_groups) == sorted(trainable)  # every trainable parameter exactly once
+        assert all(g["weight_decay"] == 0.125 for g in opt.param_groups if g["weight_decay"] != 0.0)
 
     def test_predictions_in_caller_units(self, fitted, data):
         _, ytr, _, _, Xte, yte = data

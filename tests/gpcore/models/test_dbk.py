@@ -242,10 +242,13 @@ def test_exact_posterior_as_q_reproduces_exact_prediction_and_maximises_vbll_elb
 
 
 # ------------------------------------------------------------------ 9.2.8 / 9.2.10: dPPGP pieces
-@pytest.mark.parametrize("rank", [8, 150])
-def test_dppgp_terms_equal_hand_computation(rank):
-    """rank 150 > 128 takes the blocked triangular variance path (lower q factor)."""
-    model, X, y = _fitted(alpha=0.3, beta=0.7, rank=rank)
+@pytest.mark.parametrize("basis,rank", [("silu", 8), ("silu", 150), ("rbf", 8)])
+def test_dppgp_terms_equal_hand_computation(basis, rank):
+    """rank 150 > 128 takes the blocked triangular variance path (lower q factor).
+
+    The DBK-RBF case (alpha > 0) pins the trace term's k_b to the in-batch maximum of
+    ``||phi||^2``, not the outputscale (the Nystrom features' bound, larger than every norm)."""
+    model, X, y = _fitted(alpha=0.3, beta=0.7, rank=rank, basis=basis)
     Xs, ys = model.scale_x(X[:9]), model.scale_y(y[:9])
     n = 1234
     mod = model.module_
@@ -260,6 +263,8 @@ def test_dppgp_terms_equal_hand_computation(rank):
     data = np.mean(0.5 * np.log(2 * np.pi * s2y) + (yv - mu) ** 2 / (2 * s2y))
     norms = (phi**2).sum(1)
     trace = np.mean((norms.max() - norms) / (2 * s2))
+    if basis == "rbf":  # the outputscale is a strict upper bound here, so it cannot stand in for k_b
+        assert norms.max() < mod.outputscale.item() * (1 - 1e-3)
     r = len(m)
     kl = 0.5 * (m @ m + np.trace(L @ L.T) - r - np.linalg.slogdet(L @ L.T)[1])
     assert t["data"].item() == pytest.approx(data, rel=1e-10)
@@ -319,6 +324,16 @@ def test_kb_gradient_flag():
         grads[detach] = model.module_.scale.grad.clone()
     object.__setattr__(model.config, "detach_kb", False)
     assert not torch.allclose(grads[False], grads[True])
+
+
+def test_silu_output_scale_starts_at_plus_or_minus_one_over_sqrt_rank():
+    """2.2: ``s_j = ±1/sqrt(r)`` with random signs (so k(x, x) is O(1) whatever the rank)."""
+    for r in (1, 16, 150):
+        torch.manual_seed(3)
+        s = make_model("dbk", rank=r, hidden=4, dtype="float64", device="cpu")._build(2, None, None).scale.detach()
+        np.testing.assert_allclose(np.abs(s.numpy()), np.full(r, 1 / math.sqrt(r)), rtol=1e-6)
+        if r >= 16:
+            assert (s > 0).any() and (s < 0).any()
 
 
 def test_variational_factor_parameterisation_at_init():

@@ -161,6 +161,40 @@ def test_posterior_mean_and_variance_equal_the_dense_degenerate_gp():
     torch.testing.assert_close(model._kernel_diag_s(Xt), (Wt @ Kzz @ Wt.T).diagonal(), rtol=1e-10, atol=1e-12)
 
 
+def test_default_standardised_distances_posterior_equals_the_dense_degenerate_gp():
+    """The default path (``standardize_distances=True``) with per-dimension training sds far from 1:
+    distances are ``||(x - z) / s||`` with ``s`` the training sd of each scaled input column, for x
+    AND Z (scaling only x moves every point away from its interpolation points)."""
+    rng = np.random.default_rng(7)
+    n = 70
+    X = np.column_stack([rng.normal(0.0, 1.0, n) ** 3, rng.uniform(0.0, 100.0, n)])  # spiky and wide columns
+    y = np.sin(X[:, 0]) + 0.01 * X[:, 1] + 0.1 * rng.normal(size=n)
+    model = make_model("softki", dtype="float64", device="cpu", num_inducing=9, epochs=3, batch_size=32,
+                       lr=0.05, mll="exact", seed=0)
+    assert model.config.standardize_distances  # the default under test
+    model.fit(X, y)
+    Xs = 2.0 * (X - X.min(0)) / (X.max(0) - X.min(0)) - 1.0  # the model's [-1, 1] box, computed here
+    sd = Xs.std(0)
+    assert np.all(np.abs(np.log(sd)) > 0.3)  # far from unit scale in both columns
+    Xt = np.concatenate([Xs[:10] + 0.05, rng.uniform(-1.2, 1.2, size=(15, 2))])
+    mod = model.module_
+    Z = mod.Z.detach().numpy()
+    tau = model.config.tau
+
+    def W(A):
+        D = np.linalg.norm((A[:, None, :] - Z[None]) / sd, axis=-1)
+        E = np.exp(-(D - D.min(1, keepdims=True)) / tau)
+        return torch.tensor(E / E.sum(1, keepdims=True))
+
+    with torch.no_grad():
+        Kzz = mod.Kzz()
+        s2 = mod.noise
+        mean, var = model._predict_f(torch.tensor(Xt))
+    m_ref, v_ref = dense_degenerate_posterior(W(Xs), W(Xt), Kzz, s2, model.scale_y(y))
+    torch.testing.assert_close(mean, m_ref, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(var, v_ref, rtol=1e-6, atol=1e-9)
+
+
 def test_paper_eq24_variance_is_wrong_and_the_corrected_form_is_right():
     """Regression guard (S4): eq. (24) as printed is far from the dense oracle; the corrected form matches."""
     X, y, Z, ell, os, s2 = problem(n=60, m=8)

@@ -1,0 +1,113 @@
+"""Runs with a weight column and strata (issue 14): weighted fit, metrics per measurement-count bin,
+per-stratum recalibration fitted on the validation split only, recorded in the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpcore import DataError
+from gpcore.cli import main
+from gpcore.data import synthetic
+from gpcore.runs import NO_RECAL, RunConfig, execute_run, prepare
+
+FAST = {"epochs": 2, "rank": 8, "hidden": 8, "batch_size": 256}
+
+
+@pytest.fixture(scope="module")
+def csv_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("runs") / "speeds.csv"
+    df = synthetic.synthetic_ookla(n=700, seed=4)
+    df["download_mbps"] = df["avg_d_kbps"] / 1000
+    df.drop(columns=["quadkey"]).to_csv(path, index=False)
+    return path
+
+
+def _cfg(csv_file, **kw):
+    return RunConfig(data=str(csv_file), x=("lon", "lat"), y="download_mbps", transform="log10", model="dbk",
+                     settings=dict(FAST), grid_kind="none", **kw)
+
+
+@pytest.fixture(scope="module")
+def weighted_run(csv_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "w"
+    rc = main(["fit", "--data", str(csv_file), "--x", "lon,lat", "--y", "download_mbps", "--transform", "log10",
+               "--model", "dbk", "--weight", "tests", "--strata", "column:county_metro", "--grid", "none",
+               "--out", str(out), *[a for k, v in FAST.items() for a in ("--set", f"{k}={v}")]])
+    assert rc == 0
+    return out
+
+
+def test_weight_column_reaches_the_model_and_the_metrics(weighted_run, csv_file):
+    manifest = json.loads((weighted_run / "run.json").read_text())
+    assert manifest["config"]["weight"] == "tests"
+    assert manifest["weights"]["column"] == "tests" and manifest["weights"]["nugget_variance"] > 0
+    from gpcore.models.base import load_model
+
+    model = load_model(weighted_run / "model")
+    assert model.weighted
+    test = pd.read_parquet(weighted_run / "test_predictions.parquet")
+    df = pd.read_csv(csv_file)
+    assert test["weight"].min() >= 1 and set(test["weight"]) <= set(df["tests"])
+    # each test row's var_y is for its own number of tests
+    pred = model.predict(test[["lon", "lat"]].to_numpy(float), weights=test["weight"].to_numpy(float),
+                         groups=test["stratum"].to_numpy())
+    np.testing.assert_allclose(pred.var_y, test["var_y"], rtol=1e-6)
+    groups = {m["group"]: m for m in manifest["metrics"]}
+    bins = ["tests 1", "tests 2-4", "tests 5-16", "tests >16"]
+    present = [b for b in bins if b in groups]
+    assert len(present) >= 3
+    assert sum(groups[b]["n"] for b in present) == groups["all"]["n"]
+    edges = {"tests 1": (0, 1), "tests 2-4": (1, 4), "tests 5-16": (4, 16), "tests >16": (16, np.inf)}
+    for b in present:
+        lo, hi = edges[b]
+        assert groups[b]["n"] == int(((test["weight"] > lo) & (test["weight"] <= hi)).sum())
+
+
+def test_strata_runs_recalibrate_per_group_and_report_both(weighted_run):
+    manifest = json.loads((weighted_run / "run.json").read_text())
+    assert manifest["model_config"]["recalibrate"] == "group"
+    rec = manifest["recalibration"]
+    assert rec["kind"] == "group" and rec["n"] == manifest["data"]["n_val"]
+    groups = {m["group"]: m for m in manifest["metrics"]}
+    for g in ("all", "metro", "non-metro", "tests 1"):
+        if g in groups:
+            assert g + NO_RECAL in groups
+            assert groups[g]["nll"] != groups[g + NO_RECAL]["nll"] or groups[g]["n"] == 0
+    metrics_csv = pd.read_csv(weighted_run / "metrics.csv")
+    assert ("all" + NO_RECAL) in set(metrics_csv["group"])
+
+
+def test_recalibration_never_reads_the_test_split(csv_file, tmp_path):
+    cfg = _cfg(csv_file, strata="column:county_metro")
+    prep = prepare(cfg)
+    a = json.loads((execute_run(cfg, tmp_path / "a", prepared=prep) / "run.json").read_text())
+    y = prep.y.copy()
+    y[prep.test_idx] = y[prep.test_idx][::-1] + 3.0  # scramble the test targets only
+    b = json.loads((execute_run(cfg, tmp_path / "b", prepared=dataclasses.replace(prep, y=y)) / "run.json")
+                   .read_text())
+    assert a["recalibration"] == b["recalibration"]
+    assert a["metrics"][0]["nll"] != b["metrics"][0]["nll"]  # the test split did change
+
+
+def test_explicit_recalibrate_none_and_no_strata_keep_todays_run(csv_file, tmp_path):
+    plain = json.loads((execute_run(_cfg(csv_file), tmp_path / "p") / "run.json").read_text())
+    assert plain["recalibration"] is None and plain["model_config"]["recalibrate"] == "none"
+    assert not any(NO_RECAL in m["group"] for m in plain["metrics"])
+    cfg = dataclasses.replace(_cfg(csv_file, strata="column:county_metro"),
+                              settings={**FAST, "recalibrate": "none"})
+    off = json.loads((execute_run(cfg, tmp_path / "n") / "run.json").read_text())
+    assert off["recalibration"] is None
+
+
+def test_zero_weights_are_a_clear_data_error(csv_file, tmp_path):
+    df = pd.read_csv(csv_file)
+    df.loc[[3, 8], "tests"] = 0
+    path = tmp_path / "zero.csv"
+    df.to_csv(path, index=False)
+    with pytest.raises(DataError, match=r"column 'tests': 2 row\(s\) have weight 0 \(rows 3, 8\)"):
+        prepare(_cfg(path, weight="tests"))
