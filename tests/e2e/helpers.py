@@ -64,15 +64,23 @@ def chosen(page, label: str, scope=None) -> str:
     return value or box.inner_text()
 
 
-def options(page, label: str, scope=None) -> list[str]:
-    """The option texts of the selectbox labelled ``label`` (opens and closes it)."""
-    box = widget(page, "stSelectbox", label, scope)
-    box.get_by_role("combobox").click()
-    page.get_by_role("option").first.wait_for()
-    texts = page.get_by_role("option").all_inner_texts()
-    page.keyboard.press("Escape")
-    time.sleep(0.3)
-    return texts
+def options(page, label: str, scope=None, attempts: int = 4) -> list[str]:
+    """The option texts of the selectbox labelled ``label`` (opens and closes it; retried when a rerun that
+    was still under way closed the list before it was read)."""
+    for _ in range(attempts):
+        settle(page)
+        box = widget(page, "stSelectbox", label, scope)
+        box.get_by_role("combobox").click()
+        try:
+            page.get_by_role("option").first.wait_for(timeout=10_000)
+            texts = page.get_by_role("option").all_inner_texts()
+        except Exception:  # noqa: BLE001 - the list closed under us: try again
+            texts = []
+        page.keyboard.press("Escape")
+        time.sleep(0.3)
+        if texts:
+            return texts
+    return []
 
 
 def segment(page, group: str, option: str) -> None:

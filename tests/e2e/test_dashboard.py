@@ -194,13 +194,14 @@ def test_uploads_show_their_problems_and_the_fix_is_on_the_page(server, page):
     choose(page, "Longitude column", "px")
     choose(page, "Latitude column", "py")
     assert page.get_by_test_id("stAlertContentError").count() == 0
-    assert chosen(page, "Target column") == "speed"
+    eventually(lambda: chosen(page, "Target column") == "speed", what="speed as the target")
     screenshot(page, "data-coordinates-fixed.png")
 
     # text in the target: the column stays a target, the rows to drop are named, coordinates are never the default
     upload(page, "housing.csv", housing_with_text())
+    eventually(lambda: chosen(page, "Target column") == "housing_median_age",
+               what="the first number column that is not a coordinate as the default target")
     assert "median_house_value" in options(page, "Target column")
-    assert chosen(page, "Target column") == "housing_median_age", "the first number column that is not a coordinate"
     choose(page, "Target column", "median_house_value")
     warning = page.get_by_test_id("stAlertContentWarning").first.inner_text()
     assert "3 rows of 'median_house_value' will be dropped" in warning, warning
