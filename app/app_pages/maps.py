@@ -19,7 +19,7 @@ from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
 MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements",
-              "exceed": "P(below threshold)"}
+              "exceed": "Exceedance"}  # P(below or above the Decide page's threshold) per cell
 SLICE_MODES = {
     "kernel": "kernel k(x, x_ref)",
     "correlation": "correlation k / sqrt(k(x,x) k(x_ref,x_ref))",
@@ -43,7 +43,7 @@ def controls(runs) -> dict:
     ss = st.session_state
     ids = [r.run_id for r in runs]
     titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
-    c = st.columns([5, 4])
+    c = st.columns([4, 5])  # the Map control needs room for its four options
     with c[0]:
         state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_maps_run", state_key="ua_run",
                     valid=lambda v: v in ids)
