@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -234,6 +235,10 @@ class VecchiaGP(GPModel):
     """Vecchia nearest-neighbour GP: exact-GP likelihood over ordered neighbour sets, batched Cholesky."""
 
     Config = VecchiaConfig
+    uncertainty_note: ClassVar[str] = (
+        "The Vecchia GP is a stationary GP conditioned on nearby data: intervals return to the prior far "
+        "from measurements but do not adapt to input-dependent noise."
+    )
 
     @property
     def full_batch(self) -> bool:
