@@ -181,7 +181,7 @@ class VecchiaConfig(BaseConfig):
                                 min_inclusive=False)
     noise_floor: float = setting(1e-6, help="lower bound of the noise variance", min=0.0)
     learn_mean: bool = setting(True, help="learn a constant prior mean")
-    chunk_size: int = setting(8192, help="points per batched Cholesky (bounds memory)", min=1)
+    chunk_size: int = setting(512, help="points per batched Cholesky (small chunks stay in cache)", min=1)
     epochs: int = setting(100, help="full-batch Adam steps (one Vecchia likelihood each)", min=1, main=True)
     lr: float = setting(0.05, help="Adam learning rate", min=0.0, min_inclusive=False, main=True)
 
