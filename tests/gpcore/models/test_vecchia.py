@@ -159,3 +159,19 @@ def test_learns_the_noise_and_has_no_feature_form():
 class TestVecchiaBattery(ModelBattery):
     name = "vecchia"
     settings = {"epochs": 15, "neighbors": 10}
+
+
+def test_same_approximation_as_gpboost_when_installed():
+    """GPBoost's Vecchia likelihood on the points in our maxmin order (its ordering 'none') is ours."""
+    gpb = pytest.importorskip("gpboost")
+    X, y = _data(n=400, seed=4)
+    vec, _ = _fitted_pair(X, y, "matern32", neighbors=10)
+    mod = vec.module_
+    with torch.no_grad():
+        mod.raw_ell.fill_(-1.0)  # isotropic: GPBoost's 'matern' has one range
+        ll = vec.log_likelihood().item()
+    gp = gpb.GPModel(gp_coords=mod.X_train.numpy(), cov_function="matern", cov_fct_shape=1.5, likelihood="gaussian",
+                     gp_approx="vecchia", num_neighbors=10, vecchia_ordering="none")
+    cov_pars = np.array([mod.noise.item(), mod.outputscale.item(), mod.lengthscale[0].item()])
+    nll = gp.neg_log_likelihood(cov_pars=cov_pars, y=(mod.y_train - mod.mu0).detach().numpy())
+    assert -nll == pytest.approx(ll, rel=1e-9)
