@@ -169,6 +169,14 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048) -> np.nda
 
 @dataclass(frozen=True)
 class VecchiaConfig(BaseConfig):
+    """Vecchia GP settings.
+
+    Reference settings (GPBoost / GpGp practice; the issue-13 comparison): Matérn-3/2, m = 30
+    neighbours, maxmin ordering, hyperparameters by maximum likelihood. CPU default: the same, with
+    full-batch Adam (lr 0.05, up to 100 steps, early stopping on validation NLL) and prediction from the
+    same m nearest training points (GPBoost predicts from 2m by default: set ``pred_neighbors=60``).
+    """
+
     kernel: str = setting("matern32", help="base kernel", choices=KERNEL_NAMES, main=True)
     neighbors: int = setting(30, help="m: nearest previously-ordered neighbours per training point", min=1, main=True)
     pred_neighbors: int = setting(0, help="nearest training points per prediction (0 = neighbors)", min=0)
