@@ -217,9 +217,9 @@ class VecchiaModule(SoftplusHyperparameters, nn.Module):
 def _conditional_terms(mod: VecchiaModule, Xg: torch.Tensor, zg: torch.Tensor, valid: torch.Tensor):
     """Batched ``(m+1) x (m+1)`` conditionals in float64: the last entry of each group given the rest.
 
-    ``Xg``: ``b x (m+1) x d`` inputs (last = the point), ``zg``: ``b x (m+1)`` centred targets (only
-    the neighbour part is used when ``zg`` is ``None``-like zeros), ``valid``: ``b x (m+1)`` mask.
-    Returns ``(L_mm, v)`` with ``L = chol(C)``, ``v = L^{-1} z``.
+    ``Xg``: ``b x (m+1) x d`` inputs (last = the point), ``zg``: ``b x (m+1)`` centred targets,
+    ``valid``: ``b x (m+1)`` mask (invalid entries become identity rows that contribute nothing).
+    ``C`` is the noisy covariance of the group; returns ``(L, v)`` with ``L = chol(C)``, ``v = L^{-1} z``.
     """
     ell = mod.lengthscale.double()
     os_ = mod.outputscale.double()
