@@ -175,3 +175,15 @@ def test_same_approximation_as_gpboost_when_installed():
     cov_pars = np.array([mod.noise.item(), mod.outputscale.item(), mod.lengthscale[0].item()])
     nll = gp.neg_log_likelihood(cov_pars=cov_pars, y=(mod.y_train - mod.mu0).detach().numpy())
     assert -nll == pytest.approx(ll, rel=1e-9)
+
+
+def test_auto_lengthscale_init_is_the_neighbourhood_radius():
+    X, y = _data(n=301)
+    model = make_model("vecchia", neighbors=8, dtype="float64", device="cpu")
+    model.d_ = 2
+    model._set_scalers(X, y)
+    mod = model._build(2, model.scale_x(X), model.scale_y(y))
+    Xs = model.scale_x(X).numpy()
+    Xo = Xs[maxmin_order(Xs)]
+    radius = [np.sort(np.linalg.norm(Xo[:i] - Xo[i], axis=1))[7] for i in range(150, 301)]  # 151: odd median
+    np.testing.assert_allclose(mod.lengthscale.detach().numpy(), np.median(radius), rtol=1e-6)  # float32 parameter
