@@ -29,7 +29,9 @@ follow the learned ARD lengthscales).
 Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by Adam on the full
 Vecchia likelihood through :mod:`gpcore.train` (``full_batch``: one step per epoch, early stopping on
 validation NLL when a validation set is given). The backward pass runs chunk by chunk (``_step``),
-so memory is bounded by one chunk whatever ``n`` is.
+so memory is bounded by one chunk whatever ``n`` is. The lengthscales start at the neighbourhood
+radius (``lengthscale_init=0``: the median distance to the m-th nearest predecessor). No L-BFGS yet:
+the shared loop builds AdamW.
 
 Prediction: each new point conditions on its ``pred_neighbors`` (default ``neighbors``) nearest
 training points: ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN +
