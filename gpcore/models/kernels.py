@@ -24,7 +24,11 @@ def stationary(
     name: str, X1: torch.Tensor, X2: torch.Tensor, ell: torch.Tensor, outputscale: torch.Tensor
 ) -> torch.Tensor:
     """Evaluate the named stationary kernel ``outputscale * rho(||(x1 - x2) / ell||)``."""
-    d2 = scaled_sqdist(X1, X2, ell)
+    return stationary_sqdist(name, scaled_sqdist(X1, X2, ell), outputscale)
+
+
+def stationary_sqdist(name: str, d2: torch.Tensor, outputscale: torch.Tensor) -> torch.Tensor:
+    """The named stationary kernel as a function of the scaled squared distance ``d2`` (any shape)."""
     if name == "rbf":
         return outputscale * torch.exp(-0.5 * d2)
     # Matérn: the clamp keeps sqrt finite at r = 0 (zero gradient there) without biasing k(x, x)

@@ -1,0 +1,189 @@
+"""Vecchia GP: exact at m = n - 1 against dense oracles, convergence in m, ordering and neighbours
+against brute force, and the shared battery (ALGORITHMS.md 1.2 for the exact GP it approximates)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.linalg import cho_factor, cho_solve
+from scipy.stats import multivariate_normal
+
+from gpcore import InputError, make_model
+from gpcore.models.vecchia import coord_order, maxmin_order, ordered_neighbors
+from tests.gpcore.models.battery import ModelBattery
+from tests.gpcore.models.test_exact import _np_kernel
+
+
+def _data(n=60, d=2, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, size=(n, d))
+    y = 5 + np.sin(X[:, 0]) * X[:, -1] + 0.3 * rng.normal(size=n)
+    return X, y
+
+
+def _fitted_pair(X, y, kernel, **vsettings):
+    """A vecchia and an exact model on the same data with the same (non-default) hyperparameters."""
+    common = {"kernel": kernel, "dtype": "float64", "device": "cpu", "epochs": 1}
+    vec = make_model("vecchia", **common, **vsettings).fit(X, y)
+    ex = make_model("exact", **common).fit(X, y)
+    raw = {"raw_ell": torch.tensor([-0.7, 0.2]), "raw_outputscale": torch.tensor(0.4),
+           "raw_noise": torch.tensor(-2.0), "mu0": torch.tensor(0.3)}
+    with torch.no_grad():
+        for mod in (vec.module_, ex.module_):
+            for k, v in raw.items():
+                getattr(mod, k).copy_(v.to(torch.float64))
+    ex.finalize(ex.scale_x(X), ex.scale_y(y))
+    return vec, ex
+
+
+def _dense_loglik(model, X, y):
+    """log N(y; mu0, K + s2 I) in caller units, kernel by scipy's cdist from the hyperparameters (dense)."""
+    ell = model.module_.lengthscale.detach().numpy() * model.x_span_ / 2.0
+    os_ = model.module_.outputscale.item() * model.y_std_**2
+    K = _np_kernel(model.config.kernel, X, X, ell, os_) + model.noise_variance * np.eye(X.shape[0])
+    return multivariate_normal.logpdf(y, mean=np.full(X.shape[0], model.prior_mean), cov=K)
+
+
+def _dense_predict(model, X, y, Xt):
+    """Exact-GP predictive mean and latent variance in caller units (numpy/scipy, dense)."""
+    ell = model.module_.lengthscale.detach().numpy() * model.x_span_ / 2.0
+    os_ = model.module_.outputscale.item() * model.y_std_**2
+    K = _np_kernel(model.config.kernel, X, X, ell, os_) + model.noise_variance * np.eye(X.shape[0])
+    Ks = _np_kernel(model.config.kernel, Xt, X, ell, os_)
+    c = cho_factor(K, lower=True)
+    mu0 = model.prior_mean
+    return mu0 + Ks @ cho_solve(c, y - mu0), os_ - np.einsum("ij,ji->i", Ks, cho_solve(c, Ks.T))
+
+
+@pytest.mark.parametrize("kernel", ["matern32", "matern12", "matern52", "rbf"])
+@pytest.mark.parametrize("ordering", ["maxmin", "coord"])
+def test_full_neighbour_sets_equal_the_exact_gp(kernel, ordering):
+    X, y = _data()
+    n = X.shape[0]
+    vec, ex = _fitted_pair(X, y, kernel, neighbors=n - 1, pred_neighbors=n, ordering=ordering)
+    # likelihood: scaled-unit Vecchia value + Jacobian of the target standardisation = dense caller-unit value
+    ll = vec.log_likelihood().item() - n * np.log(vec.y_std_)
+    assert ll == pytest.approx(_dense_loglik(vec, X, y), rel=1e-9, abs=1e-8)
+    # the exact model's expanded |a|^2 - 2ab + |b|^2 distances carry ~1e-9 relative error for Matern-1/2
+    assert vec.log_likelihood().item() == pytest.approx(
+        ex.log_marginal_likelihood(ex.scale_x(X), ex.scale_y(y)).item(), rel=1e-8)
+    Xt = np.random.default_rng(5).uniform(0, 10, size=(25, 2))
+    a = vec.predict(Xt)
+    mean, var_f = _dense_predict(vec, X, y, Xt)
+    np.testing.assert_allclose(a.mean, mean, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(a.var_f, var_f, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(a.var_y, var_f + vec.noise_variance, rtol=1e-8, atol=1e-8)
+    b = ex.predict(Xt)  # as above: the exact model's own distance rounding limits Matern-1/2 to ~1e-7
+    tol = 1e-6 if kernel == "matern12" else 1e-8
+    np.testing.assert_allclose(a.mean, b.mean, rtol=tol, atol=tol)
+    np.testing.assert_allclose(a.var_y, b.var_y, rtol=tol, atol=tol)
+
+
+def test_likelihood_approaches_exact_as_m_grows():
+    X, y = _data(n=200, seed=3)
+    gaps = []
+    ms = [1, 2, 4, 8, 16, 32, 64, 199]
+    for m in ms:
+        vec, ex = _fitted_pair(X, y, "matern32", neighbors=m)
+        exact = ex.log_marginal_likelihood(ex.scale_x(X), ex.scale_y(y)).item()
+        gaps.append(abs(vec.log_likelihood().item() - exact))
+    assert gaps[0] > 1.0  # m = 1 is a poor approximation here, so the test can see convergence
+    assert gaps[-1] < 1e-8 * abs(exact)
+    for prev, nxt in zip(gaps, gaps[1:], strict=False):
+        assert nxt <= prev * 1.05 + 1e-9, gaps  # monotone up to small wiggles
+    assert gaps[4] < 0.1 * gaps[0], gaps
+
+
+def _maxmin_brute(X):
+    n = X.shape[0]
+    first = int(np.argmin(((X - X.mean(0)) ** 2).sum(1)))
+    order = [first]
+    dist = np.sqrt(((X - X[first]) ** 2).sum(1))
+    taken = np.zeros(n, bool)
+    taken[first] = True
+    for _ in range(n - 1):
+        cand = np.where(taken, -np.inf, dist)
+        i = int(np.argmax(cand))
+        order.append(i)
+        taken[i] = True
+        dist = np.minimum(dist, np.sqrt(((X - X[i]) ** 2).sum(1)))
+    return np.array(order)
+
+
+@pytest.mark.parametrize("case", ["uniform2d", "uniform3d", "grid_with_ties", "duplicates"])
+def test_maxmin_order_matches_brute_force(case):
+    rng = np.random.default_rng(1)
+    if case == "uniform2d":
+        X = rng.uniform(-1, 1, size=(400, 2))
+    elif case == "uniform3d":
+        X = rng.normal(size=(300, 3))
+    elif case == "grid_with_ties":
+        g = np.linspace(-1, 1, 13)
+        X = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
+    else:
+        X = rng.uniform(-1, 1, size=(60, 2))
+        X = np.concatenate([X, X[:20]])
+    np.testing.assert_array_equal(maxmin_order(X), _maxmin_brute(X))
+    np.testing.assert_array_equal(coord_order(X), np.argsort(X[:, 0], kind="stable"))
+
+
+@pytest.mark.parametrize("brute_below", [0, 50, 2048])
+def test_neighbours_match_brute_force(brute_below):
+    rng = np.random.default_rng(2)
+    X = rng.uniform(-1, 1, size=(500, 2))
+    Xo = X[maxmin_order(X)]
+    m = 7
+    nbr = ordered_neighbors(Xo, m, brute_below=brute_below)
+    assert nbr.shape == (500, m)
+    for i in range(500):
+        d = np.sqrt(((Xo[:i] - Xo[i]) ** 2).sum(1))
+        ref = np.argsort(d, kind="stable")[:m]
+        k = min(i, m)
+        np.testing.assert_array_equal(nbr[i, :k], ref, err_msg=f"row {i}")  # nearest first
+        assert (nbr[i, k:] == -1).all()
+
+
+def test_learns_the_noise_and_has_no_feature_form():
+    from gpcore.posterior import JointPosterior
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, size=(300, 1))
+    y = np.sin(4 * X[:, 0]) + 0.1 * rng.normal(size=300)
+    model = make_model("vecchia", neighbors=10, epochs=150, dtype="float64", device="cpu").fit(X, y)
+    assert 0.003 < model.noise_variance < 0.03  # true noise variance 0.01
+    with pytest.raises(InputError, match="no feature form.*own nearest training points"):
+        JointPosterior(model)
+
+
+class TestVecchiaBattery(ModelBattery):
+    name = "vecchia"
+    settings = {"epochs": 15, "neighbors": 10}
+
+
+def test_same_approximation_as_gpboost_when_installed():
+    """GPBoost's Vecchia likelihood on the points in our maxmin order (its ordering 'none') is ours."""
+    gpb = pytest.importorskip("gpboost")
+    X, y = _data(n=400, seed=4)
+    vec, _ = _fitted_pair(X, y, "matern32", neighbors=10)
+    mod = vec.module_
+    with torch.no_grad():
+        mod.raw_ell.fill_(-1.0)  # isotropic: GPBoost's 'matern' has one range
+        ll = vec.log_likelihood().item()
+    gp = gpb.GPModel(gp_coords=mod.X_train.numpy(), cov_function="matern", cov_fct_shape=1.5, likelihood="gaussian",
+                     gp_approx="vecchia", num_neighbors=10, vecchia_ordering="none")
+    cov_pars = np.array([mod.noise.item(), mod.outputscale.item(), mod.lengthscale[0].item()])
+    nll = gp.neg_log_likelihood(cov_pars=cov_pars, y=(mod.y_train - mod.mu0).detach().numpy())
+    assert -nll == pytest.approx(ll, rel=1e-9)
+
+
+def test_auto_lengthscale_init_is_the_neighbourhood_radius():
+    X, y = _data(n=301)
+    model = make_model("vecchia", neighbors=8, dtype="float64", device="cpu")
+    model.d_ = 2
+    model._set_scalers(X, y)
+    mod = model._build(2, model.scale_x(X), model.scale_y(y))
+    Xs = model.scale_x(X).numpy()
+    Xo = Xs[maxmin_order(Xs)]
+    radius = [np.sort(np.linalg.norm(Xo[:i] - Xo[i], axis=1))[7] for i in range(150, 301)]  # 151: odd median
+    np.testing.assert_allclose(mod.lengthscale.detach().numpy(), np.median(radius), rtol=1e-6)  # float32 parameter
