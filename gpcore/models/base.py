@@ -344,6 +344,8 @@ class GPModel:
 
     name: ClassVar[str] = "base"
     Config: ClassVar[type[BaseConfig]] = BaseConfig
+    #: whether ``fit(..., weights=)`` is implemented (a model that would ignore weights refuses them instead)
+    supports_weights: bool = True
     #: weights of the rows the current training step / finalize sees (scaled tensor), None when unweighted
     _wb: torch.Tensor | None = None
     #: initial nugget tau^2 of a weighted fit, as a fraction of the initial noise variance sigma^2
@@ -428,6 +430,11 @@ class GPModel:
         X = as_2d_float(X, "X")
         y = as_1d_float(y, X.shape[0], "y")
         w = None if weights is None else as_weights(weights, X.shape[0], "weights")
+        if w is not None and not self.supports_weights:
+            raise InputError(
+                f"{type(self).__name__} does not take per-observation weights yet; fit it without weights "
+                "(CLI: leave out --weight; Data page: Weight column '(none)') or choose another model"
+            )
         if X.shape[0] < 2:
             raise InputError(f"need at least 2 training points, got {X.shape[0]}")
         has_val = X_val is not None or y_val is not None

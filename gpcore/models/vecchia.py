@@ -245,6 +245,7 @@ class VecchiaGP(GPModel):
     """Vecchia nearest-neighbour GP: exact-GP likelihood over ordered neighbour sets, batched Cholesky."""
 
     Config = VecchiaConfig
+    supports_weights = False  # per-observation noise is not in the batched conditionals yet: refused, not ignored
     uncertainty_note: ClassVar[str] = (
         "The Vecchia GP is a stationary GP conditioned on nearby data: intervals return to the prior far "
         "from measurements but do not adapt to input-dependent noise."

@@ -187,3 +187,12 @@ def test_auto_lengthscale_init_is_the_neighbourhood_radius():
     Xo = Xs[maxmin_order(Xs)]
     radius = [np.sort(np.linalg.norm(Xo[:i] - Xo[i], axis=1))[7] for i in range(150, 301)]  # 151: odd median
     np.testing.assert_allclose(mod.lengthscale.detach().numpy(), np.median(radius), rtol=1e-6)  # float32 parameter
+
+
+def test_weights_are_refused_not_ignored():
+    from gpcore import make_model
+    from gpcore.errors import InputError
+
+    X = np.random.default_rng(0).uniform(size=(60, 2))
+    with pytest.raises(InputError, match="does not take per-observation weights"):
+        make_model("vecchia", epochs=1).fit(X, np.sin(3 * X[:, 0]), weights=np.full(60, 2.0))
