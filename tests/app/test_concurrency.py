@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT, tiny_config
+from tests.app.conftest import APP, TIMEOUT, TINY
 
 PAGES = ["app_pages/data.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py",
          "app_pages/train.py", "app_pages/decide.py"]
@@ -22,8 +22,7 @@ def _rss_mb() -> float:
 
 
 def test_four_sessions_train_and_browse_without_cross_talk(store):
-    from app import jobs, state
-    from gpcore.runs import new_run_id
+    from app import state
     from gpcore.store import RunStore
 
     rss0 = _rss_mb()
@@ -39,18 +38,27 @@ def test_four_sessions_train_and_browse_without_cross_talk(store):
     rows = pd.DataFrame({"lon": rng.uniform(-66.9, -65.7, 80), "lat": rng.uniform(18.05, 18.45, 80),
                          "speed_c": rng.uniform(5, 50, 80)})
     ref = state.save_upload("session_c.csv", rows.to_csv(index=False).encode())
-    spec_c = state.DatasetSpec(source=ref, quarter=None, y="speed_c", transform="identity", strata=None)
-    sessions["C"].session_state["ua_dataset"] = spec_c
+    c = sessions["C"]
+    c.radio(key="w_src_kind").set_value("Upload a file").run()
+    c.file_uploader(key="w_upload").upload("session_c.csv", rows.to_csv(index=False).encode(), "text/csv").run()
+    next(r for r in c.radio if r.label.startswith("Strata")).set_value("none").run()
+    c.button(key="w_load_data").click().run()
+    spec_c = c.session_state["ua_dataset"]
+    assert spec_c.source == ref and spec_c.y == "speed_c"
 
-    # A and B start training at the same moment (what the Train page does: reserve a run folder, start a thread)
+    # A and B press Train on the Train page one right after the other
     started = {}
     for name, seed in (("A", 11), ("B", 12)):
-        cfg = tiny_config(seed=seed, label=f"session {name}")
-        cfg = type(cfg).from_dict({**cfg.to_dict(), "settings": {**cfg.settings, "epochs": 6}})
-        run_dir = RunStore().new_run_dir(new_run_id(cfg))
-        job = jobs.start_training(cfg, run_dir, label=cfg.label)
-        sessions[name].session_state["ua_job"] = job
-        started[name] = job
+        at = sessions[name]
+        at.switch_page("app_pages/train.py").run()
+        for key, value in (*TINY.items(), ("epochs", 6)):
+            at.number_input(key=f"w_set_dbk-rbf_{key}").set_value(value)
+        at.number_input(key="w_seed").set_value(seed)
+        at.number_input(key="w_cell_km").set_value(4.0)
+        at.text_input(key="w_label").input(f"session {name}")
+        at.button(key="w_train").click().run()
+        assert not at.exception, [e.value for e in at.exception]
+        started[name] = at.session_state["ua_job"]
     assert started["A"].run_id != started["B"].run_id
 
     # everyone browses every page while the two jobs train

@@ -72,15 +72,11 @@ def test_hostile_column_file_and_stratum_names_are_escaped_everywhere(app, store
     app.radio(key="w_src_kind").set_value("Upload a file").run()
     app.file_uploader(key="w_upload").upload("speeds.csv", df.to_csv(index=False).encode(), "text/csv").run()
     _assert_clean(app, "upload")
-    spec = app.session_state["ua_dataset"]
-    from dataclasses import replace
-
-    from app import state
-
-    ref = state.save_upload("speeds.csv", df.to_csv(index=False).encode())
-    app.session_state["ua_dataset"] = replace(spec, source=ref, y=XSS, transform="identity", quarter=None,
-                                              strata="column:zone", lon="lon", lat="lat")
-    app.run()
+    # choose the hostile column as the target and the hostile zones as strata, as a user does
+    next(s for s in app.selectbox if s.label == "Target column").set_value(XSS).run()
+    next(r for r in app.radio if r.label.startswith("Strata")).set_value("column").run()
+    next(s for s in app.selectbox if s.label == "Strata column").set_value("zone").run()
+    app.button(key="w_load_data").click().run()
     assert app.session_state["ua_dataset"].y == XSS, [e.value for e in app.error]
     _assert_clean(app, "data page")
     decks = app.get("deck_gl_json_chart")
