@@ -358,6 +358,16 @@ def run_title(run_id: str, manifest: dict) -> str:
     return f"{label} · {created}" if created else f"{label} · {run_id}"
 
 
+def run_titles(runs) -> dict[str, str]:
+    """``{run_id: title}`` for the run selectors (bundled runs say so)."""
+    return {r.run_id: run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
+
+
+def runs_with_grid(runs) -> list:
+    """The runs that have a prediction grid (what Maps and Decide can show)."""
+    return [r for r in runs if (r.path / "grid.parquet").is_file()]
+
+
 @st.cache_resource(show_spinner="Loading the run ...", max_entries=8)
 def st_run_data(path: str, stamp: float) -> RunData:
     from scipy.spatial import cKDTree

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.conftest import CHROMIUM_ARGS, chromium_path, free_port, wait_healthy  # noqa: E402
+from tests.e2e.conftest import CHROMIUM_ARGS, chromium_path, start_server, stop_server  # noqa: E402
 
 GRIDMAP = 'iframe[title="app.gridmap.ua_gridmap"]'
 PAGES = ("Data", "Train", "Maps", "Compare", "Export")
@@ -115,39 +114,6 @@ class BenchError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 # server and browser
 # ---------------------------------------------------------------------------------------------
-
-
-def start_server(store: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """``streamlit run app/main.py`` on a free port of 127.0.0.1 with ``UA_RUN_STORE=store``; returns (process, url)."""
-    port = free_port()
-    env = {**os.environ, "UA_RUN_STORE": str(store), "UA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
-        "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
-        "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false",
-    ]
-    log = open(log_path, "w")  # noqa: SIM115 - closed by stop_server
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    proc.log = log
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
-    except Exception:
-        stop_server(proc)
-        raise
-    return proc, url
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    proc.log.close()
 
 
 def new_page(browser):

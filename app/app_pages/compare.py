@@ -19,7 +19,7 @@ def pick_runs(runs, data_hash: str) -> list:
     if not pool:
         st.info("No runs on the active data set yet: train one on the Train page, or include runs on other data.")
         return []
-    titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in pool}
+    titles = cache.run_titles(pool)
     ids = [r.run_id for r in pool]
     chosen = st.multiselect("Runs", ids, default=ids[:6], format_func=titles.get, key="w_cmp_runs")
     by_id = {r.run_id: r for r in pool}

@@ -268,12 +268,12 @@ def page() -> None:
     ss = st.session_state
     st.title("Decide")
     runs = ss.get("ua_runs") or cache.list_runs()
-    runs = [r for r in runs if (r.path / "grid.parquet").is_file()]
+    runs = cache.runs_with_grid(runs)
     if not runs:
         st.info("No run with a prediction grid yet: train one on the Train page.")
         return
     ids = [r.run_id for r in runs]
-    titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
+    titles = cache.run_titles(runs)
     state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_decide_run", state_key="ua_run",
                 valid=lambda v: v in ids)
     info = next((r for r in runs if r.run_id == ss.get("ua_run")), runs[0])

@@ -18,7 +18,7 @@ def page() -> None:
         st.info("No runs yet: train one on the Train page.")
         return
     ids = [r.run_id for r in runs]
-    titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
+    titles = cache.run_titles(runs)
     state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_export_run", state_key="ua_run",
                 valid=lambda v: v in ids)
     info = next(r for r in runs if r.run_id == ss.ua_run)

@@ -42,7 +42,7 @@ def on_pick(widget_key: str, key: tuple[str, float]) -> None:
 def controls(runs) -> dict:
     ss = st.session_state
     ids = [r.run_id for r in runs]
-    titles = {r.run_id: cache.run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
+    titles = cache.run_titles(runs)
     c = st.columns([4, 5])  # the Map control needs room for its four options
     with c[0]:
         state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_maps_run", state_key="ua_run",
@@ -246,7 +246,7 @@ def page() -> None:
     ss = st.session_state
     st.title("Maps")
     runs = ss.get("ua_runs") or cache.list_runs()
-    runs = [r for r in runs if (r.path / "grid.parquet").is_file()]
+    runs = cache.runs_with_grid(runs)
     if not runs:
         st.info("No run with a prediction grid yet: train one on the Train page.")
         return

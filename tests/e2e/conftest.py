@@ -56,35 +56,54 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> Non
     raise TimeoutError(f"streamlit did not answer {url}/_stcore/health within {timeout:.0f} s")
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """``streamlit run app/main.py`` on a free port of 127.0.0.1; yields its base URL."""
-    store = tmp_path_factory.mktemp("e2e-runs")
+def start_server(store: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """``streamlit run app/main.py`` on a free port of 127.0.0.1 with ``UA_RUN_STORE=store``; returns (process, url).
+
+    Shared by the browser tests and ``benchmarks/bench_browser.py``; the log goes to ``log_path``.
+    """
     port = free_port()
-    log = open(tmp_path_factory.mktemp("e2e-log") / "streamlit.log", "w+")
-    env = {**os.environ, "UA_RUN_STORE": str(store), "UA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "UA_RUN_STORE": str(store), "UA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(ROOT)}
     cmd = [
         sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
         "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
         "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false",
     ]
+    log = open(log_path, "w+")  # noqa: SIM115 - closed by stop_server
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log = log
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
-        yield url
     except Exception:
         log.seek(0)
         print(log.read()[-4000:])
+        stop_server(proc)
         raise
+    return proc, url
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a :func:`start_server` process group (TERM, then KILL) and close its log."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    proc.log.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """``streamlit run app/main.py`` on a free port of 127.0.0.1; yields its base URL."""
+    store = tmp_path_factory.mktemp("e2e-runs")
+    proc, url = start_server(store, tmp_path_factory.mktemp("e2e-log") / "streamlit.log")
+    try:
+        yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        stop_server(proc)
 
 
 @pytest.fixture(scope="session")
