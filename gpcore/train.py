@@ -1,6 +1,8 @@
 """The one training loop (mini-batch and full-batch) shared by every model.
 
-AdamW over the model's parameter groups (weight decay on the backbone only), seeded batch
+AdamW over the model's parameter groups (weight decay on the backbone only) — or, for full-batch
+models whose config sets ``optimizer="lbfgs"``, one L-BFGS iteration (strong-Wolfe line search) per
+epoch — seeded batch
 order, validation NLL after every epoch, early stopping with patience, best-checkpoint
 restore, a per-epoch callback that may cancel, and an optional wall-clock budget.
 
@@ -153,6 +155,12 @@ def _apply_performance(model, perf: Performance):
 
 
 def _make_optimizer(model, cfg, perf: Performance):
+    if getattr(cfg, "optimizer", "adam") == "lbfgs":
+        # full-batch models only (their config offers the setting): one L-BFGS iteration per epoch, each with a
+        # strong-Wolfe line search from a unit step; the curvature history carries over between epochs
+        params = [p for g in model._param_groups(0.0) for p in g["params"]]
+        return torch.optim.LBFGS(params, lr=1.0, max_iter=1, max_eval=25, history_size=cfg.lbfgs_history,
+                                 line_search_fn="strong_wolfe", tolerance_grad=1e-9, tolerance_change=1e-12)
     groups = model._param_groups(cfg.weight_decay)
     if perf.fused_adam:
         try:
@@ -160,6 +168,30 @@ def _make_optimizer(model, cfg, perf: Performance):
         except (RuntimeError, TypeError, ValueError):
             pass
     return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def _lbfgs_step(model, opt, xb, yb, n):
+    """One L-BFGS iteration (its line search calls ``model._step`` as the closure); returns the loss
+    at the start of the iteration. A trial point whose loss is not finite (or whose factorisation fails)
+    returns a huge finite loss with a zero gradient, which the line search rejects by shrinking the step
+    (an infinite value would turn its cubic interpolation into NaN)."""
+
+    def closure():
+        opt.zero_grad(set_to_none=False)
+        try:
+            loss = model._step(xb, yb, n)
+            ok = bool(torch.isfinite(loss))
+        except torch.linalg.LinAlgError:
+            loss, ok = torch.zeros((), dtype=torch.float64, device=xb.device), False
+        if not ok:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.zero_()
+            return torch.full_like(loss, 1e30)
+        return loss
+
+    return opt.step(closure).detach()
 
 
 def train(model, Xs, ys, Xv=None, yv=None, callback=None, *, ws=None, wv=None):
@@ -241,12 +273,17 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
                 xb, yb = (Xs, ys) if idx is None else (Xs[idx], ys[idx])
                 if ws is not None:
                     model._wb = ws if idx is None else ws[idx]
-                opt.zero_grad(set_to_none=True)
-                loss = model._step(xb, yb, n)
-                opt.step()
+                if isinstance(opt, torch.optim.LBFGS):
+                    loss = _lbfgs_step(model, opt, xb, yb, n)
+                else:
+                    opt.zero_grad(set_to_none=True)
+                    loss = model._step(xb, yb, n)
+                    opt.step()
                 total += loss.double()
                 step += 1
         epoch_loss = (total / len(batches)).item()
+        lbfgs_converged = (isinstance(opt, torch.optim.LBFGS) and bool(history)
+                           and abs(history[-1]["loss"] - epoch_loss) <= 1e-10 * max(1.0, abs(epoch_loss)))
         if not math.isfinite(epoch_loss):
             if best_state is None:
                 raise TrainingError(
@@ -292,7 +329,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
         if stop_cb:
             cancelled = True
             break
-        if has_val and stale >= cfg.patience:
+        if (has_val and stale >= cfg.patience) or lbfgs_converged:  # L-BFGS: no progress in a whole iteration
             stopped_early = True
             break
         if out_of_time:

@@ -192,8 +192,12 @@ class VecchiaConfig(BaseConfig):
     noise_floor: float = setting(1e-6, help="lower bound of the noise variance", min=0.0)
     learn_mean: bool = setting(True, help="learn a constant prior mean")
     chunk_size: int = setting(512, help="points per batched Cholesky (small chunks stay in cache)", min=1)
-    epochs: int = setting(100, help="full-batch Adam steps (one Vecchia likelihood each)", min=1, main=True)
-    lr: float = setting(0.05, help="Adam learning rate", min=0.0, min_inclusive=False, main=True)
+    optimizer: str = setting("lbfgs", help="'lbfgs' (one L-BFGS iteration with a line search per epoch) or 'adam'",
+                             choices=("lbfgs", "adam"), main=True)
+    lbfgs_history: int = setting(10, help="L-BFGS curvature pairs kept", min=1)
+    epochs: int = setting(100, help="full-batch steps (L-BFGS iterations or Adam steps)", min=1, main=True)
+    lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
+                        min_inclusive=False, main=True)
 
 
 class VecchiaModule(SoftplusHyperparameters, nn.Module):
@@ -211,21 +215,26 @@ class VecchiaModule(SoftplusHyperparameters, nn.Module):
         self.register_buffer("y_train", torch.zeros(n))
         self.register_buffer("order", torch.zeros(n, dtype=torch.long))
         self.register_buffer("nbr", torch.full((n, m), -1, dtype=torch.long))
+        # per-observation weights of the ordered training points (weighted fits; ones otherwise)
+        self.register_buffer("w_train", torch.ones(n))
 
     def K(self, x1, x2):
         return stationary(self.kernel_name, x1, x2, self.lengthscale, self.outputscale)
 
 
-def _conditional_terms(mod: VecchiaModule, Xg: torch.Tensor, zg: torch.Tensor, valid: torch.Tensor):
+def _conditional_terms(mod: VecchiaModule, Xg: torch.Tensor, zg: torch.Tensor, valid: torch.Tensor,
+                       noise: torch.Tensor | None = None):
     """Batched ``(m+1) x (m+1)`` conditionals in float64: the last entry of each group given the rest.
 
     ``Xg``: ``b x (m+1) x d`` inputs (last = the point), ``zg``: ``b x (m+1)`` centred targets,
     ``valid``: ``b x (m+1)`` mask (invalid entries become identity rows that contribute nothing).
+    ``noise``: the noise variance of each entry (``b x (m+1)``, weighted fits: ``tau^2 + s2 / w``);
+    ``None`` = the model's ``s2`` for every entry.
     ``C`` is the noisy covariance of the group; returns ``(L, v)`` with ``L = chol(C)``, ``v = L^{-1} z``.
     """
     ell = mod.lengthscale.double()
     os_ = mod.outputscale.double()
-    s2 = mod.noise.double()
+    s2 = mod.noise.double() if noise is None else noise.double()
     A = Xg.double() / ell
     d2 = torch.zeros(A.shape[:-1] + A.shape[-2:-1], dtype=torch.float64, device=A.device)
     for j in range(A.shape[-1]):  # direct differences: b tiny batched GEMMs are ~10x slower on CPU
@@ -234,7 +243,7 @@ def _conditional_terms(mod: VecchiaModule, Xg: torch.Tensor, zg: torch.Tensor, v
     k1 = C.shape[-1]
     eye = torch.eye(k1, dtype=torch.float64, device=Xg.device)
     both = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-    C = torch.where(both, C + s2 * eye, eye)
+    C = torch.where(both, C + (s2 * eye if s2.dim() == 0 else torch.diag_embed(s2)), eye)
     L = psd_safe_cholesky(C)
     v = torch.linalg.solve_triangular(L, zg.unsqueeze(-1), upper=False).squeeze(-1)
     return L, v
@@ -245,7 +254,8 @@ class VecchiaGP(GPModel):
     """Vecchia nearest-neighbour GP: exact-GP likelihood over ordered neighbour sets, batched Cholesky."""
 
     Config = VecchiaConfig
-    supports_weights = False  # per-observation noise is not in the batched conditionals yet: refused, not ignored
+    #: finalize stores the ordered training weights (their noise enters every prediction's neighbour set)
+    needs_finalize = True
     uncertainty_note: ClassVar[str] = (
         "The Vecchia GP is a stationary GP conditioned on nearby data: intervals return to the prior far "
         "from measurements but do not adapt to input-dependent noise."
@@ -292,8 +302,29 @@ class VecchiaGP(GPModel):
         Gc = G.clamp_min(0)
         z = torch.where(valid, mod.y_train.double()[Gc] - mod.mu0.double(), torch.zeros((), dtype=torch.float64,
                                                                                            device=G.device))
-        L, v = _conditional_terms(mod, mod.X_train[Gc], z, valid)
+        L, v = _conditional_terms(mod, mod.X_train[Gc], z, valid, self._group_noise(Gc))
         return -0.5 * LOG_2PI - torch.log(L[:, -1, -1]) - 0.5 * v[:, -1].pow(2)
+
+    def _ordered_weights(self) -> torch.Tensor | None:
+        """Weights of the ordered training points: the training step's (``_wb``, caller order) while
+        training, the stored ones after :meth:`finalize`; None for an unweighted model."""
+        if not self.weighted:
+            return None
+        mod = self.module_
+        return self._wb[mod.order] if self._wb is not None else mod.w_train
+
+    def _group_noise(self, Gc: torch.Tensor) -> torch.Tensor | None:
+        """Noise variance ``tau^2 + s2 / w`` of training points ``Gc`` (any shape; None when unweighted)."""
+        w = self._ordered_weights()
+        if w is None:
+            return None
+        s2 = self.module_.noise.double()
+        return self._nugget_s().double() + s2 / w.double()[Gc]
+
+    def _finalize(self, Xs, ys):
+        mod = self.module_
+        if self._wb is not None:
+            mod.w_train.copy_(self._wb[mod.order].to(mod.w_train.dtype))
 
     def log_likelihood(self) -> torch.Tensor:
         """Vecchia log-likelihood of the (scaled) training targets, float64, summed over chunks."""
@@ -348,7 +379,10 @@ class VecchiaGP(GPModel):
             valid = torch.ones(N.shape[0], k + 1, dtype=torch.bool, device=xb.device)
             Xg = torch.cat([XN, x[:, None, :]], dim=1)
             zg = torch.cat([z, torch.zeros_like(z[:, :1])], dim=1)
-            L, v = _conditional_terms(mod, Xg, zg, valid)
+            noise = self._group_noise(N)
+            if noise is not None:  # the new point's own entry only sets L_mm, which is not used
+                noise = torch.cat([noise, noise[:, :1]], dim=1)
+            L, v = _conditional_terms(mod, Xg, zg, valid, noise)
             # last row of L: [l^T, L_mm] with l = L_NN^{-1} k_Nx and L_mm^2 = k_xx + s2 - |l|^2
             l_row = L[:, -1, :-1]
             means.append(mod.mu0.double() + (l_row * v[:, :-1]).sum(-1))

@@ -189,10 +189,62 @@ def test_auto_lengthscale_init_is_the_neighbourhood_radius():
     np.testing.assert_allclose(mod.lengthscale.detach().numpy(), np.median(radius), rtol=1e-6)  # float32 parameter
 
 
-def test_weights_are_refused_not_ignored():
-    from gpcore import make_model
-    from gpcore.errors import InputError
+def test_weighted_full_neighbour_sets_equal_the_dense_weighted_gp():
+    """Per-observation weights: noise tau^2 + s2 / w_i in every conditional; with m = n - 1 the likelihood and
+    the predictions are the dense GP's with that diagonal noise (float64)."""
+    X, y = _data(n=70, seed=3)
+    n = X.shape[0]
+    w = np.random.default_rng(3).integers(1, 20, size=n).astype(float)
+    vec = make_model("vecchia", kernel="matern32", neighbors=n - 1, pred_neighbors=n, dtype="float64", device="cpu",
+                     epochs=1).fit(X, y, weights=w)
+    with torch.no_grad():
+        vec.module_.raw_ell.copy_(torch.tensor([-0.7, 0.2], dtype=torch.float64))
+        vec.module_.raw_noise.fill_(-1.0)
+        vec.module_.raw_nugget.fill_(-3.0)
+    vec.finalize(vec.scale_x(X), vec.scale_y(y), vec._to_tensor(w))
+    ell = vec.module_.lengthscale.detach().numpy() * vec.x_span_ / 2.0
+    os_ = vec.module_.outputscale.item() * vec.y_std_**2
+    noise = vec.nugget_variance + vec.measurement_noise_variance / w
+    K = _np_kernel("matern32", X, X, ell, os_) + np.diag(noise)
+    mu0 = vec.prior_mean
+    vec._wb = vec._to_tensor(w)  # the training step's weights, as the trainer hands them over
+    ll = vec.log_likelihood().item() - n * np.log(vec.y_std_)
+    vec._wb = None
+    assert ll == pytest.approx(multivariate_normal.logpdf(y, mean=np.full(n, mu0), cov=K), rel=1e-9)
+    Xt = np.random.default_rng(6).uniform(0, 10, size=(20, 2))
+    Ks = _np_kernel("matern32", Xt, X, ell, os_)
+    c = cho_factor(K, lower=True)
+    p = vec.predict(Xt, weights=np.full(20, 4.0))
+    np.testing.assert_allclose(p.mean, mu0 + Ks @ cho_solve(c, y - mu0), rtol=1e-8, atol=1e-8)
+    var_f = os_ - np.einsum("ij,ji->i", Ks, cho_solve(c, Ks.T))
+    np.testing.assert_allclose(p.var_f, var_f, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(p.var_y, var_f + vec.nugget_variance + vec.measurement_noise_variance / 4.0, rtol=1e-8)
+    # the weights matter: the unweighted fit with the same hyperparameters predicts otherwise
+    assert np.abs(p.mean - (mu0 + Ks @ cho_solve(cho_factor(K - np.diag(noise) + np.diag(
+        np.full(n, noise.mean())), lower=True), y - mu0))).max() > 1e-3
 
-    X = np.random.default_rng(0).uniform(size=(60, 2))
-    with pytest.raises(InputError, match="does not take per-observation weights"):
-        make_model("vecchia", epochs=1).fit(X, np.sin(3 * X[:, 0]), weights=np.full(60, 2.0))
+
+def test_lbfgs_reaches_the_exact_gp_maximum_likelihood():
+    """With m = n - 1 the Vecchia likelihood is exact, so L-BFGS must land on the dense likelihood's maximum
+    (found independently by scipy's L-BFGS-B on the dense float64 log-likelihood)."""
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(2)
+    X = rng.uniform(0, 10, size=(80, 1))
+    y = np.sin(X[:, 0]) + 0.2 * rng.normal(size=80)
+    vec = make_model("vecchia", kernel="matern32", neighbors=79, ard=False, dtype="float64", device="cpu",
+                     optimizer="lbfgs", epochs=60).fit(X, y)
+    ys = (y - vec.y_mean_) / vec.y_std_
+    Xs = 2 * (X - vec.x_lo_) / vec.x_span_ - 1
+
+    def neg(theta):
+        ell, os_, s2 = np.log1p(np.exp(theta[:3]))
+        s2 = s2 + vec.config.noise_floor
+        K = _np_kernel("matern32", Xs, Xs, np.array([ell]), os_) + s2 * np.eye(80)
+        return -multivariate_normal.logpdf(ys, mean=np.full(80, theta[3]), cov=K)
+
+    best = min((minimize(neg, x0, method="L-BFGS-B") for x0 in ([-1.0, 0.0, -2.0, 0.0], [0.0, 1.0, -4.0, 0.0])),
+               key=lambda r: r.fun)
+    ours = -vec.log_likelihood().item()
+    assert ours == pytest.approx(best.fun, abs=1e-4)
+    assert vec.train_info_["epochs_run"] < 60  # converged: stopped by its own tolerance, not the step limit
