@@ -17,7 +17,7 @@ from gpcore.models.base import (  # noqa: F401
 )
 
 # Families added by later work register themselves here, one import per file.
-for _name in ("svgp", "softki", "cagp", "solvegp", "vecchia"):
+for _name in ("svgp", "softki", "cagp", "solvegp", "vecchia", "dbknn"):
     try:
         __import__(f"gpcore.models.{_name}")
     except ModuleNotFoundError as _e:  # file not present yet

@@ -425,8 +425,6 @@ class GPModel:
         from the validation split only (:meth:`recalibrate`); ``groups`` are accepted for symmetry and
         not used by training.
         """
-        from gpcore.train import train
-
         X = as_2d_float(X, "X")
         y = as_1d_float(y, X.shape[0], "y")
         w = None if weights is None else as_weights(weights, X.shape[0], "weights")
@@ -468,7 +466,7 @@ class GPModel:
             ws, wvs = self._to_tensor(w), (self._to_tensor(wv) if wv is not None else None)
         t0 = time.perf_counter()
         try:
-            self.history_, self.train_info_ = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wvs)
+            self.history_, self.train_info_ = self._train(Xs, ys, Xv, yv, callback, ws, wvs)
             self.finalize(Xs, ys, ws)
         except torch.linalg.LinAlgError as e:  # a factorisation of NaN/inf parameters: training diverged
             from gpcore.errors import TrainingError
@@ -786,6 +784,13 @@ class GPModel:
         loss = self._loss(xb, yb, n)
         loss.backward()
         return loss.detach()
+
+    def _train(self, Xs, ys, Xv, yv, callback, ws, wv) -> tuple[list[dict], dict]:
+        """Optimise the built module on the scaled data; ``(history, info)``. One :func:`gpcore.train.train`
+        call by default; a model with training stages (``dbk-nn``) runs several."""
+        from gpcore.train import train
+
+        return train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
 
     def _param_groups(self, weight_decay: float) -> list[dict]:
         """Optimizer parameter groups; by default decay only parameters under ``module_.backbone``."""

@@ -1,0 +1,376 @@
+"""dbk-nn — DBK features plus a nearest-neighbour (Vecchia) residual GP. A new model: no paper has it.
+
+Model (scaled inputs, standardised targets):
+
+    y = mu0 + a phi(x)^T w + r(x) + eps,   w ~ N(0, I_p),   r ~ GP(0, k_r),   eps ~ N(0, s2)
+
+``phi`` are the features of a deep basis kernel (:mod:`gpcore.models.dbk`, DBK-RBF by default) with a
+learned scale ``a``; ``k_r`` is a stationary kernel (Matérn-3/2 with ARD lengthscales by default) and the
+noise is ``s2`` (weighted fits: ``tau^2 + s2 / w_i``, as every model). The DBK part carries the
+large-scale, non-stationary structure and the input-dependent variance ``a^2 phi^T S phi``; the residual
+carries the fine scale, and far from data its variance returns to its prior ``k_r(x, x)``, so intervals
+widen inside gaps, where a low-rank model's do not.
+
+Likelihood. The residual-plus-noise covariance ``Sigma_r = K_r + D`` is replaced by its Vecchia
+approximation (:mod:`gpcore.models.vecchia`: maxmin order, ``m`` nearest predecessors),
+``Sigma_v^{-1} = B^T Dv^{-1} B``; row ``i`` of ``Dv^{-1/2} B`` is the last row ``l_i`` of ``L_i^{-1}`` with
+``L_i`` the Cholesky factor of the ``(m+1) x (m+1)`` covariance of point ``i``'s group. The low-rank
+part is kept exactly, by Woodbury and the determinant lemma:
+
+    U = Dv^{-1/2} B (a Phi),  u = Dv^{-1/2} B (y - mu0),  M = I + U^T U,
+    log p(y) = -n/2 log 2 pi - 1/2 sum_i log Dv_i - 1/2 log|M| - 1/2 |u|^2 + 1/2 |L_M^{-1} U^T u|^2.
+
+It is exact when ``m = n - 1`` (then ``Sigma_v = K_r + D``), which the tests check against the dense
+``N(mu0, a^2 Phi Phi^T + K_r + D)``. One evaluation costs ``O(n m^3 + n m p + n p^2)`` and runs in
+chunks: a first pass sums ``U^T U``, ``U^T u``, ``|u|^2`` and ``sum log Dv`` without a graph, the loss is
+differentiated with respect to these sums, and a second pass pushes those adjoints through each chunk
+(memory of one chunk, as DBK's two-pass MML).
+
+Posterior and prediction. ``w | y ~ N(M^{-1} U^T u, M^{-1})`` exactly (given the Vecchia ``Sigma_v``). A new
+point ``x`` conditions its residual on its ``k`` nearest training points ``N`` given ``w``:
+``t = C_NN^{-1} k_Nx``, ``e = y - mu0 - a Phi w_hat`` (the training residuals),
+
+    mean  = mu0 + a phi(x)^T w_hat + t^T e_N
+    var_f = |F^T q|^2 + k_r(x, x) - k_xN t,   q = a (phi(x) - Phi_N^T t),   F F^T = M^{-1},
+
+the residual conditional plus the weight uncertainty carried through both ``phi(x)`` and the neighbours'
+residuals. Far from data ``t -> 0``: ``var_f -> a^2 phi^T M^{-1} phi + k_r(x, x)``.
+
+Training (``train_mode``), each stage with early stopping on the validation NLL when a validation set
+is given:
+
+* ``stagewise`` (default): (1) fit the DBK alone with its own objective and settings (``dbk_*``);
+  (2) freeze the features and fit ``a``, the residual kernel, ``s2``, ``mu0`` (and ``tau^2``) by the
+  hybrid likelihood above, full batch, L-BFGS. The DBK's own weight posterior is discarded: ``w``'s
+  posterior is the exact one of the hybrid model.
+* ``joint``: after (2), (3) train everything that shapes ``phi`` (backbone, expansion) together with
+  the hybrid hyperparameters by Adam on the same full-batch likelihood (``joint_epochs``, ``joint_lr``);
+  kept only when it lowers the validation NLL of stage 2.
+
+Kernel: ``k(x, x') = a^2 phi(x)^T phi(x') + k_r(x, x')`` (the prior the kernel slice shows).
+Feature form: none — the residual's Vecchia conditioning defines marginals only (as ``vecchia``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpcore.models.base import register, setting
+from gpcore.models.dbk import DBK, DBKConfig, DBKModule
+from gpcore.models.linalg import LOG_2PI, inv_softplus
+from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _conditional_terms, vecchia_rows
+
+#: the DBK parameters that shape phi (the others — q(w), DBK's own noise and mean — are unused here)
+_FEATURE_PARAMS = ("backbone", "expand", "scale", "Z", "raw_ell", "raw_outputscale")
+
+
+@dataclass(frozen=True)
+class DBKNNConfig(VecchiaConfig):
+    """dbk-nn settings: the residual's Vecchia settings (inherited), the inner DBK's (``dbk_*``) and the
+    training mode. Defaults: DBK-RBF as the ``dbk-rbf`` preset, Matérn-3/2 residual with 30 neighbours."""
+
+    train_mode: str = setting("stagewise", help="'stagewise' (DBK, then the residual with the "
+                                                  "features frozen) or 'joint' (then all of it together)",
+                                                  choices=("stagewise", "joint"), main=True)
+    dbk_basis: str = setting("rbf", help="DBK expansion: 'rbf' or 'silu'", choices=("rbf", "silu"))
+    dbk_objective: str = setting("dppgp", help="DBK stage objective", choices=("dppgp", "mml"))
+    dbk_rank: int = setting(128, help="DBK basis functions r", min=1, max=8192, main=True)
+    dbk_hidden: int = setting(64, help="DBK backbone width", min=1, max=4096)
+    dbk_blocks: int = setting(2, help="DBK residual blocks", min=0, max=16)
+    dbk_alpha: float = setting(0.1, help="DBK dPPGP trace weight", min=0.0)
+    dbk_beta: float = setting(0.01, help="DBK dPPGP KL weight", min=0.0)
+    dbk_batch_size: int = setting(256, help="DBK mini-batch size", min=1)
+    dbk_epochs: int = setting(100, help="DBK stage epochs", min=1, main=True)
+    dbk_lr: float = setting(1e-3, help="DBK stage learning rate", min=0.0, min_inclusive=False)
+    dbk_patience: int = setting(10, help="DBK stage early-stopping patience", min=1)
+    dbk_max_seconds: float = setting(0.0, help="DBK stage time budget in seconds (0 = none)",
+                                                         min=0.0)
+    fscale_init: float = setting(1.0, help="initial feature scale a", min=0.0,
+                                                     min_inclusive=False)
+    joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
+    joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0,
+                                                  min_inclusive=False)
+
+    def dbk_config(self) -> DBKConfig:
+        return DBKConfig.from_dict({
+            "basis": self.dbk_basis, "objective": self.dbk_objective, "rank": self.dbk_rank,
+            "hidden": self.dbk_hidden, "blocks": self.dbk_blocks, "alpha": self.dbk_alpha, "beta": self.dbk_beta,
+            "batch_size": self.dbk_batch_size, "epochs": self.dbk_epochs, "lr": self.dbk_lr,
+            "patience": self.dbk_patience, "max_seconds": self.dbk_max_seconds, "device": self.device,
+            "dtype": self.dtype, "seed": self.seed, "predict_batch_size": self.predict_batch_size,
+        })
+
+
+class DBKNNModule(VecchiaModule):
+    """The residual Vecchia GP's parameters and training structure, the DBK feature map and the posterior."""
+
+    def __init__(self, d: int, cfg: DBKNNConfig, n: int):
+        super().__init__(d, cfg, n)
+        self.dbk = DBKModule(d, cfg.dbk_config()).requires_grad_(False)  # trained in stage 1; the joint stage
+        # switches on the parameters that shape phi (_FEATURE_PARAMS)
+        p = cfg.dbk_rank
+        self.raw_fscale = nn.Parameter(torch.tensor(inv_softplus(cfg.fscale_init)))
+        self.register_buffer("post_m", torch.zeros(p))  # w_hat
+        self.register_buffer("post_F", torch.zeros(p, p))  # F F^T = M^{-1}, upper triangular
+        self.register_buffer("e_train", torch.zeros(n))  # y - mu0 - a Phi w_hat, ordered
+
+    @property
+    def fscale(self) -> torch.Tensor:
+        return nn.functional.softplus(self.raw_fscale)
+
+
+@register("dbk-nn", description="DBK features plus a nearest-neighbour (Vecchia) residual GP")
+class DBKNN(VecchiaGP):
+    """DBK + Vecchia residual (module docstring)."""
+
+    Config = DBKNNConfig
+    uncertainty_note: ClassVar[str] = (
+        "dbk-nn adds a nearest-neighbour residual to the DBK features: intervals keep DBK's input-dependent "
+        "width and widen towards the residual's prior inside gaps, away from measurements."
+    )
+
+    # ---------------------------------------------------------------- stage 1 + build
+    def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, groups=None,
+            val_groups=None):
+        import time
+
+        t0 = time.perf_counter()
+        dbk = DBK(**self.config.dbk_config().to_dict())
+        dbk.fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights)
+        self._stage1 = dbk
+        cancelled = bool(dbk.train_info_.get("cancelled"))
+        config = self.config
+        if cancelled:  # cancelled in stage 1: one residual iteration (a usable model), no more callbacks
+            self.config = config.replace(epochs=1, train_mode="stagewise")
+            callback = None
+        try:
+            super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, groups=groups,
+                        val_groups=val_groups)
+        finally:
+            self._stage1 = None
+            self.config = config
+        self.train_info_["stage1"] = {k: v for k, v in dbk.train_info_.items() if not isinstance(v, dict)}
+        self.train_info_["cancelled"] = self.train_info_.get("cancelled", False) or cancelled
+        self.train_info_["fit_seconds"] = time.perf_counter() - t0
+        return self
+
+    def _make_module(self, d: int, n: int) -> DBKNNModule:
+        return DBKNNModule(d, self.config, n)
+
+    def _build(self, d, Xs, ys):
+        mod = super()._build(d, Xs, ys)
+        self._phi_cache = None
+        self._joint = False
+        stage1 = getattr(self, "_stage1", None)
+        if Xs is None or stage1 is None:
+            return mod
+        src = stage1.module_
+        mod.dbk.load_state_dict({k: v for k, v in src.state_dict().items() if k != "raw_nugget"})
+        s2 = float(src.noise.detach())
+        with torch.no_grad():  # split DBK's noise between the residual and the new noise; mean from DBK
+            mod.raw_outputscale.fill_(inv_softplus(max(0.5 * s2, 1e-4)))
+            mod.raw_noise.fill_(inv_softplus(max(0.5 * s2 - mod.noise_floor, 1e-6)))
+            mod.mu0.fill_(float(src.mu0))
+        return mod
+
+    # ---------------------------------------------------------------- features
+    def _phi_of(self, Xs: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+        """``phi`` (unscaled by ``a``) of scaled inputs, float64, in chunks; with a graph in the joint stage."""
+        dbk = self.module_.dbk
+        Lz = dbk.chol_zz() if dbk.basis == "rbf" else None
+        return torch.cat([dbk.features(Xs[i : i + chunk], Lz).double() for i in range(0, Xs.shape[0], chunk)])
+
+    def _phi_train(self) -> torch.Tensor:
+        """``phi`` of the ordered training inputs (cached; recomputed after training steps and loading)."""
+        if getattr(self, "_phi_cache", None) is None:
+            with torch.no_grad():
+                self._phi_cache = self._phi_of(self.module_.X_train)
+        return self._phi_cache
+
+    # ---------------------------------------------------------------- the hybrid likelihood
+    def _chunk_terms(self, start: int, stop: int, Phi: torch.Tensor):
+        """``(U, u, log Dv)`` of ordered training points ``start .. stop`` (float64, with a graph)."""
+        mod = self.module_
+        idx = torch.arange(start, stop, device=mod.X_train.device)
+        G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)
+        valid = G >= 0
+        Gc = G.clamp_min(0)
+        zero = torch.zeros((), dtype=torch.float64, device=G.device)
+        z = torch.where(valid, mod.y_train.double()[Gc] - mod.mu0.double(), zero)
+        ell = vecchia_rows(mod, mod.X_train[Gc], valid, self._group_noise(Gc))  # zero at padding entries
+        U = mod.fscale.double() * torch.einsum("bk,bkp->bp", ell, Phi[Gc])
+        return U, (ell * z).sum(-1), -2.0 * torch.log(ell[:, -1])
+
+    @staticmethod
+    def _loglik_from_stats(S, c, uu, logdv, n: int) -> torch.Tensor:
+        p = S.shape[-1]
+        LM = torch.linalg.cholesky(torch.eye(p, dtype=S.dtype, device=S.device) + S)
+        v = torch.linalg.solve_triangular(LM, c.unsqueeze(-1), upper=False).squeeze(-1)
+        return -0.5 * n * LOG_2PI - 0.5 * logdv - torch.log(LM.diagonal()).sum() - 0.5 * uu + 0.5 * v.pow(2).sum()
+
+    def _stats(self, Phi: torch.Tensor):
+        n = self.module_.X_train.shape[0]
+        p = Phi.shape[1]
+        dev = Phi.device
+        S = torch.zeros(p, p, dtype=torch.float64, device=dev)
+        c = torch.zeros(p, dtype=torch.float64, device=dev)
+        uu = torch.zeros((), dtype=torch.float64, device=dev)
+        ld = torch.zeros((), dtype=torch.float64, device=dev)
+        cs = self.config.chunk_size
+        for i in range(0, n, cs):
+            U, u, logdv = self._chunk_terms(i, min(i + cs, n), Phi)
+            S += U.T @ U
+            c += U.T @ u
+            uu += u @ u
+            ld += logdv.sum()
+        return S, c, uu, ld
+
+    def log_likelihood(self) -> torch.Tensor:
+        """The hybrid log-likelihood of the (scaled) training targets, float64, differentiable (one pass)."""
+        Phi = self._phi_of(self.module_.X_train) if self._joint else self._phi_train()
+        return self._loglik_from_stats(*self._stats(Phi), self.module_.X_train.shape[0])
+
+    def _step(self, xb, yb, n):
+        """Two passes (module docstring): sums without a graph, their adjoints, then chunk by chunk."""
+        self._check_train_batch(xb)
+        mod = self.module_
+        N = mod.X_train.shape[0]
+        Phi_graph = self._phi_of(mod.X_train) if self._joint else None
+        Phi = self._phi_train() if Phi_graph is None else Phi_graph.detach().requires_grad_(True)
+        with torch.no_grad():
+            stats = [t.detach() for t in self._stats(Phi)]
+        for t in stats:
+            t.requires_grad_(True)
+        loss = -self._loglik_from_stats(*stats, N) / n
+        loss.backward()
+        gS, gc, guu, gld = (t.grad for t in stats)
+        cs = self.config.chunk_size
+        for i in range(0, N, cs):
+            U, u, logdv = self._chunk_terms(i, min(i + cs, N), Phi)
+            surrogate = (gS * (U.T @ U)).sum() + (gc * (U.T @ u)).sum() + guu * (u @ u) + gld * logdv.sum()
+            surrogate.backward()
+        if Phi_graph is not None:
+            Phi_graph.backward(Phi.grad)
+            self._phi_cache = None  # the features move with this step
+        return loss.detach()
+
+    # ---------------------------------------------------------------- stages 2 and 3
+    def _feature_parameters(self) -> list[nn.Parameter]:
+        return [p for name, p in self.module_.dbk.named_parameters() if name.split(".")[0] in _FEATURE_PARAMS]
+
+    def _set_joint(self, on: bool) -> None:
+        """Enter / leave the joint stage: the feature map's parameters train and phi is recomputed each step."""
+        self._joint = on
+        for p in self._feature_parameters():
+            p.requires_grad_(on)
+        self._phi_cache = None
+
+    def _param_groups(self, weight_decay: float) -> list[dict]:
+        mod = self.module_
+        hyper = [p for name, p in mod.named_parameters() if not name.startswith("dbk.") and p.requires_grad]
+        groups = [{"params": hyper, "weight_decay": 0.0}]
+        if self._joint:
+            groups.append({"params": self._feature_parameters(), "weight_decay": weight_decay})
+        return groups
+
+    def _train(self, Xs, ys, Xv, yv, callback, ws, wv):
+        from gpcore.train import train
+
+        history, info = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
+        for h in history:
+            h["stage"] = "residual"
+        if self.config.train_mode != "joint":
+            return history, info
+        self.finalize(Xs, ys, ws)
+        before = {k: v.detach().clone() for k, v in self.module_.state_dict().items()}
+        base = self.config
+        self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs)
+        self._set_joint(True)
+        try:
+            h2, i2 = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
+        finally:
+            self.config = base
+            self._set_joint(False)
+        for h in h2:
+            h["stage"] = "joint"
+        kept = i2["best_val_nll"] is None or info["best_val_nll"] is None or i2["best_val_nll"] < info["best_val_nll"]
+        if not kept:
+            self.module_.load_state_dict(before)
+        info = {**info, "joint": {**i2, "kept": kept}}
+        if kept and i2["best_val_nll"] is not None:
+            info["best_val_nll"] = i2["best_val_nll"]
+        return history + h2, info
+
+    # ---------------------------------------------------------------- posterior and prediction
+    def _finalize(self, Xs, ys):
+        super()._finalize(Xs, ys)  # the ordered training weights
+        mod = self.module_
+        self._phi_cache = None
+        Phi = self._phi_train()
+        S, c, _, _ = self._stats(Phi)
+        p = S.shape[0]
+        eye = torch.eye(p, dtype=torch.float64, device=S.device)
+        LM = torch.linalg.cholesky(eye + S)
+        w_hat = torch.cholesky_solve(c.unsqueeze(-1), LM).squeeze(-1)
+        mod.post_m.copy_(w_hat.to(mod.post_m.dtype))
+        mod.post_F.copy_(torch.linalg.solve_triangular(LM, eye, upper=False).T.to(mod.post_F.dtype))
+        e = mod.y_train.double() - mod.mu0.double() - mod.fscale.double() * (Phi @ w_hat)
+        mod.e_train.copy_(e.to(mod.e_train.dtype))
+
+    def _predict_f(self, xb):
+        mod = self.module_
+        n = mod.X_train.shape[0]
+        k = min(self.config.pred_neighbors or self.config.neighbors, n)
+        _, idx = self._neighbor_tree().query(xb.detach().double().cpu().numpy(), k=k)
+        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
+        Phi = self._phi_train()
+        a = mod.fscale.double()
+        w_hat, F = mod.post_m.double(), mod.post_F.double()
+        e_tr = mod.e_train.double()
+        means, vars_ = [], []
+        cs = self.config.chunk_size
+        for i in range(0, xb.shape[0], cs):
+            N = idx[i : i + cs]
+            x = xb[i : i + cs]
+            phi = self._phi_of(x)
+            Xg = torch.cat([mod.X_train[N], x[:, None, :]], dim=1).double()
+            valid = torch.ones(N.shape[0], k + 1, dtype=torch.bool, device=xb.device)
+            noise = self._group_noise(N)
+            if noise is not None:  # the new point's own entry only sets L_mm, which is not used
+                noise = torch.cat([noise, noise[:, :1]], dim=1)
+            L, _ = _conditional_terms(mod, Xg, torch.zeros(Xg.shape[:2], dtype=torch.float64, device=xb.device),
+                                      valid, noise)
+            l_row = L[:, -1, :-1]
+            t = torch.linalg.solve_triangular(L[:, :-1, :-1].transpose(-1, -2), l_row.unsqueeze(-1),
+                                              upper=True).squeeze(-1)  # C_NN^{-1} k_Nx
+            means.append(mod.mu0.double() + a * (phi @ w_hat) + (t * e_tr[N]).sum(-1))
+            q = a * (phi - torch.einsum("bk,bkp->bp", t, Phi[N]))
+            vars_.append((q @ F).pow(2).sum(-1) + mod.outputscale.double() - l_row.pow(2).sum(-1))
+        dt = mod.raw_noise.dtype
+        return torch.cat(means).to(dt), torch.cat(vars_).to(dt)
+
+    # ---------------------------------------------------------------- kernel, persistence
+    def _kernel_s(self, x1, x2):
+        mod = self.module_
+        a2 = mod.fscale.pow(2)
+        return a2 * self._phi_of(x1).to(x1.dtype) @ self._phi_of(x2).to(x1.dtype).T + super()._kernel_s(x1, x2)
+
+    def _kernel_diag_s(self, xb):
+        mod = self.module_
+        return mod.fscale.pow(2) * self._phi_of(xb).pow(2).sum(-1).to(xb.dtype) + mod.outputscale.expand(xb.shape[0])
+
+    @property
+    def feature_scale(self) -> float:
+        """The learned scale ``a`` of the DBK features."""
+        return float(self.module_.fscale.detach())
+
+    def _set_extra_state(self, state: dict) -> None:
+        super()._set_extra_state(state)
+        self._phi_cache = None
+        self._joint = False
+

@@ -1,0 +1,151 @@
+"""dbk-nn: DBK features + Vecchia residual. Exact at m = n - 1 against the dense float64 GP with kernel
+``a^2 phi phi^T + k_r`` (likelihood and predictions, with and without weights), the two-pass gradient
+against autograd of the one-pass likelihood, the gap limit of the variance, and the shared battery."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.linalg import cho_factor, cho_solve
+from scipy.stats import multivariate_normal
+
+from gpcore import InputError, make_model
+from tests.gpcore.models.battery import ModelBattery
+from tests.gpcore.models.test_exact import _np_kernel
+
+SMALL = {"dbk_rank": 8, "dbk_hidden": 8, "dbk_blocks": 1, "dbk_epochs": 3, "dbk_batch_size": 32, "epochs": 2,
+         "dtype": "float64", "device": "cpu"}
+
+
+def _data(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, size=(n, 2))
+    y = 5 + np.sin(X[:, 0]) * X[:, 1] + 0.3 * rng.normal(size=n)
+    return X, y
+
+
+def _set_hypers(model):
+    with torch.no_grad():
+        mod = model.module_
+        mod.raw_ell.copy_(torch.tensor([-0.7, 0.2], dtype=torch.float64))
+        mod.raw_outputscale.fill_(-0.5)
+        mod.raw_noise.fill_(-2.0)
+        mod.mu0.fill_(0.3)
+        mod.raw_fscale.fill_(0.8)
+
+
+def _dense_parts(model, X):
+    """Phi (caller rows), a, residual kernel hyperparameters in caller units."""
+    phi = model.module_.dbk.features(model.scale_x(X)).detach().numpy()
+    a2 = model.feature_scale**2 * model.y_std_**2
+    ell = model.module_.lengthscale.detach().numpy() * model.x_span_ / 2.0
+    os_ = model.module_.outputscale.item() * model.y_std_**2
+    return phi, a2, ell, os_
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_full_neighbour_sets_equal_the_dense_hybrid_gp(weighted):
+    X, y = _data()
+    n = X.shape[0]
+    w = np.random.default_rng(1).integers(1, 15, size=n).astype(float) if weighted else None
+    model = make_model("dbk-nn", neighbors=n - 1, pred_neighbors=n, **SMALL).fit(X, y, weights=w)
+    _set_hypers(model)
+    ws = None if w is None else model._to_tensor(w)
+    model.finalize(model.scale_x(X), model.scale_y(y), ws)
+    phi, a2, ell, os_ = _dense_parts(model, X)
+    if weighted:
+        noise = model.nugget_variance + model.measurement_noise_variance / w
+    else:
+        noise = np.full(n, model.noise_variance)
+    Kf = a2 * phi @ phi.T + _np_kernel("matern32", X, X, ell, os_)
+    K = Kf + np.diag(noise)
+    mu0 = model.prior_mean
+    model._wb = ws
+    ll = model.log_likelihood().item() - n * np.log(model.y_std_)
+    model._wb = None
+    assert ll == pytest.approx(multivariate_normal.logpdf(y, mean=np.full(n, mu0), cov=K), rel=1e-9)
+    Xt = np.random.default_rng(7).uniform(-2, 12, size=(25, 2))  # some outside the data
+    phit = model.module_.dbk.features(model.scale_x(Xt)).detach().numpy()
+    Ks = a2 * phit @ phi.T + _np_kernel("matern32", Xt, X, ell, os_)
+    kss = a2 * (phit**2).sum(1) + os_
+    c = cho_factor(K, lower=True)
+    p = model.predict(Xt)
+    np.testing.assert_allclose(p.mean, mu0 + Ks @ cho_solve(c, y - mu0), rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(p.var_f, kss - np.einsum("ij,ji->i", Ks, cho_solve(c, Ks.T)), rtol=1e-7, atol=1e-8)
+    # the kernel the slice shows is the same prior
+    np.testing.assert_allclose(model.kernel(Xt, X), Ks, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_two_pass_gradient_equals_autograd_of_the_likelihood(joint):
+    X, y = _data(n=90, seed=2)
+    model = make_model("dbk-nn", neighbors=7, chunk_size=16, **SMALL).fit(X, y)
+    _set_hypers(model)
+    model._set_joint(joint)
+    params = [p for g in model._param_groups(0.0) for p in g["params"]]
+    assert (len(params) > 5) if joint else (len(params) == 5)  # the joint stage also moves the feature map
+    mod = model.module_
+    n = mod.X_train.shape[0]
+    for p in params:
+        p.grad = None
+    loss = model._step(mod.X_train, mod.y_train, n)
+    two_pass = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    model._phi_cache = None
+    ref = -model.log_likelihood() / n
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
+    for a, b in zip(two_pass, (p.grad for p in params), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_variance_returns_to_the_prior_inside_a_gap():
+    """Far from all measurements the residual is unconditioned: var_f = a^2 |F^T phi|^2 + k_r(x, x),
+    strictly above what the DBK features alone give, and the mean is the DBK part's."""
+    X, y = _data(n=120, seed=3)
+    keep = ~((X[:, 0] > 3) & (X[:, 0] < 7) & (X[:, 1] > 3) & (X[:, 1] < 7))  # a 4 x 4 hole in the middle
+    model = make_model("dbk-nn", neighbors=10, **SMALL).fit(X[keep], y[keep])
+    with torch.no_grad():
+        model.module_.raw_ell.fill_(-4.0)  # residual correlation length << the hole
+    model.finalize(model.scale_x(X[keep]), model.scale_y(y[keep]))
+    p = model.predict(np.array([[5.0, 5.0]]))
+    mod = model.module_
+    phi = model._phi_of(model.scale_x(np.array([[5.0, 5.0]])))
+    a = mod.fscale.double()
+    feat_var = (a * phi @ mod.post_F.double()).pow(2).sum().item()
+    prior = mod.outputscale.item()
+    assert p.var_f[0] / model.y_std_**2 == pytest.approx(feat_var + prior, rel=1e-9)
+    mean_dbk = mod.mu0.item() + (a * phi @ mod.post_m.double()).item()
+    assert (p.mean[0] - model.y_mean_) / model.y_std_ == pytest.approx(mean_dbk, rel=1e-9, abs=1e-12)
+
+
+def test_joint_stage_is_kept_only_when_it_helps_on_validation():
+    X, y = _data(n=160, seed=4)
+    model = make_model("dbk-nn", neighbors=8, train_mode="joint", joint_epochs=3, **SMALL)
+    model.fit(X[:120], y[:120], X[120:], y[120:])
+    info = model.train_info_
+    assert info["joint"]["epochs_run"] >= 1
+    stages = {h["stage"] for h in model.history_}
+    assert stages == {"residual", "joint"}
+    residual_best = min(h["val_nll"] for h in model.history_ if h["stage"] == "residual")
+    # the model kept scores no worse than the residual stage's best on the validation split
+    pred = model.predict(X[120:])
+    nll = np.mean(0.5 * np.log(2 * np.pi * pred.var_y) + (y[120:] - pred.mean) ** 2 / (2 * pred.var_y))
+    assert nll <= residual_best + 1e-9
+    assert info["joint"]["kept"] == (info["joint"]["best_val_nll"] < residual_best)
+
+
+def test_no_feature_form():
+    from gpcore.posterior import JointPosterior
+
+    X, y = _data()
+    model = make_model("dbk-nn", neighbors=5, **SMALL).fit(X, y)
+    with pytest.raises(InputError, match="no feature form"):
+        JointPosterior(model)
+
+
+class TestDBKNNBattery(ModelBattery):
+    name = "dbk-nn"
+    settings = {k: v for k, v in SMALL.items() if k not in ("dtype", "device")} | {"neighbors": 8, "epochs": 4}
