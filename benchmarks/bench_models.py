@@ -16,7 +16,7 @@ names not registered are skipped) is fitted with early stopping on a seeded 5 % 
 (``--val random``, default, or ``--val block``: whole 10 km blocks, like the gaps), and GPBoost's Vecchia GP
 (Matérn-3/2, 30 neighbours, package defaults; optional peer) on the same 95 %, in the same process. Prints
 the paper's table: MAE, RMSPE, CRPS, interval score (INT), 95 % coverage (CVG), minutes (fit + predict),
-in the data's units (no target transform). ``--smoke`` also runs this on synthetic gaps (seconds).
+in the data's units (no target transform), and the test NLL. ``--smoke`` also runs this on synthetic gaps (seconds).
 
     python benchmarks/bench_models.py --data heaton --models vecchia,dbk-rbf --subsample 5000
     python benchmarks/bench_models.py --data heaton --heaton /path/to/heaton_simulated_temps.parquet
@@ -146,12 +146,12 @@ def heaton_validation(X, how: str, seed: int, frac: float = 0.05) -> np.ndarray:
 
 
 def heaton_markdown(df: pd.DataFrame) -> str:
-    cols = ["model", "n_train", "MAE", "RMSPE", "CRPS", "INT", "CVG", "minutes", "fit s", "predict s"]
+    cols = ["model", "n_train", "MAE", "RMSPE", "CRPS", "INT", "CVG", "minutes", "fit s", "predict s", "NLL"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df.itertuples(index=False):
         lines.append(f"| {r.model} | {r.n_train} | {r.mae:.3f} | {r.rmspe:.3f} | {r.crps:.3f} | "
                      f"{r.interval_score:.3f} | {100 * r.coverage:.1f} % | {r.minutes:.2f} | {r.fit_s:.1f} | "
-                     f"{r.predict_s:.1f} |")
+                     f"{r.predict_s:.1f} | {r.nll:.3f} |")
     return "\n".join(lines)
 
 
