@@ -65,3 +65,51 @@ class GPyTorchSVGPEpochs:
             self.opt.step()
         self._sync()
         return time.perf_counter() - t0
+
+
+#: GPBoost's Vecchia GP as issue 13 runs it: Matérn-3/2, 30 neighbours, package defaults otherwise
+GPBOOST_VECCHIA = {"cov_function": "matern", "cov_fct_shape": 1.5, "likelihood": "gaussian", "gp_approx": "vecchia",
+                   "num_neighbors": 30}
+
+
+def gpboost_available() -> bool:
+    """Whether the optional peer GPBoost (``pip install gpboost``; never a gpcore dependency) is importable."""
+    try:
+        import gpboost  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gpboost_vecchia(X, y, X_pred, weights=None, weights_pred=None) -> dict:
+    """Fit GPBoost's Vecchia GP (:data:`GPBOOST_VECCHIA`, a constant fixed effect) on ``X`` (``n x d``, used as
+    given: no scaling), ``y`` (``n``) and predict at ``X_pred``.
+
+    ``weights`` (``n``, > 0): GPBoost's own per-observation weights, which divide the error variance of
+    observation ``i`` by ``weights[i]`` (no nugget floor, unlike gpcore's ``tau^2 + sigma^2 / w``); ``var_y``
+    of a prediction row is then its latent variance plus ``Error_var / weights_pred[i]`` (one measurement
+    when ``weights_pred`` is None). Unweighted, ``var_y`` is GPBoost's response variance (latent + Error_var).
+
+    Returns ``{"mean", "var_y", "fit_seconds", "predict_seconds", "cov_pars"}``.
+    """
+    import time
+
+    import gpboost as gpb
+    import numpy as np
+
+    X, y, X_pred = (np.asarray(a, dtype=np.float64) for a in (X, y, X_pred))
+    kw = {} if weights is None else {"weights": np.asarray(weights, dtype=np.float64)}
+    t0 = time.perf_counter()
+    gp = gpb.GPModel(gp_coords=X, **GPBOOST_VECCHIA, **kw)
+    gp.fit(y=y, X=np.ones((len(y), 1)))
+    fit_s = time.perf_counter() - t0
+    cov = gp.get_cov_pars()
+    t0 = time.perf_counter()
+    q = gp.predict(gp_coords_pred=X_pred, X_pred=np.ones((len(X_pred), 1)), predict_var=True,
+                   predict_response=weights is None)
+    mean, var = np.asarray(q["mu"], dtype=np.float64), np.asarray(q["var"], dtype=np.float64)
+    if weights is not None:
+        w = np.ones(len(X_pred)) if weights_pred is None else np.asarray(weights_pred, dtype=np.float64)
+        var = var + float(cov["Error_var"].iloc[0]) / w
+    return {"mean": mean, "var_y": var, "fit_seconds": fit_s, "predict_seconds": time.perf_counter() - t0,
+            "cov_pars": {k: float(cov[k].iloc[0]) for k in cov.columns}}

@@ -8,6 +8,18 @@ model's fit time divided by GPyTorch SVGP's.
     python benchmarks/bench_models.py                      # Puerto Rico 2023, all eight models
     python benchmarks/bench_models.py --data sample:missouri_2020Q4 --models dbk-rbf,svgp
     python benchmarks/bench_models.py --smoke              # synthetic, two tiny models, seconds (CI)
+
+``--data heaton`` is issue 13's gap benchmark: the Heaton et al. (2019) simulated temperatures
+(``heaton_simulated_temps.parquet``: training = the 105,569 cells with ``MaskTemp``, test = the 44,431
+cloud-masked cells scored against ``TrueTemp``). Each ``--models`` model (default vecchia,dbk-nn,dbk-rbf;
+names not registered are skipped) is fitted with early stopping on a seeded 5 % of the training cells
+(``--val random``, default, or ``--val block``: whole 10 km blocks, like the gaps), and GPBoost's Vecchia GP
+(Matérn-3/2, 30 neighbours, package defaults; optional peer) on the same 95 %, in the same process. Prints
+the paper's table: MAE, RMSPE, CRPS, interval score (INT), 95 % coverage (CVG), minutes (fit + predict),
+in the data's units (no target transform), and the test NLL. ``--smoke`` also runs this on synthetic gaps (seconds).
+
+    python benchmarks/bench_models.py --data heaton --models vecchia,dbk-rbf --subsample 5000
+    python benchmarks/bench_models.py --data heaton --heaton /path/to/heaton_simulated_temps.parquet
 """
 
 from __future__ import annotations
@@ -17,16 +29,22 @@ import math
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
-from _peers import gpytorch_svgp
+from _harness import fit_predict, known_models, parse_sets, shared_data, smoke_settings, stderr, warm_up_torch
+from _peers import gpboost_available, gpboost_vecchia, gpytorch_svgp
 
 from gpcore import metrics as M
 from gpcore.compare import compare_models
 from gpcore.runs import RunConfig, prepare
 
 DEFAULT_MODELS = "dbk-silu,dbk-rbf,svgp,ppgp,sv-dkl,softki,cagp,solvegp"
+HEATON_MODELS = "vecchia,dbk-nn,dbk-rbf"
+HEATON_FILE = "heaton_simulated_temps.parquet"
+HEATON_COLUMNS = ("Lon", "Lat", "MaskTemp", "TrueTemp")
 
 
 def gpytorch_svgp_fit_seconds(prep, m: int, epochs: int, patience: int = 20, seed: int = 0) -> tuple[float, float]:
@@ -82,6 +100,114 @@ def gpytorch_svgp_fit_seconds(prep, m: int, epochs: int, patience: int = 20, see
     return fit_s, nll
 
 
+def load_heaton(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(X_train, y_train, X_test, y_test)`` of the Heaton simulated data: training = rows with ``MaskTemp``,
+    test = the masked rows with their ``TrueTemp``."""
+    df = pd.read_parquet(path)
+    missing = [c for c in HEATON_COLUMNS if c not in df.columns]
+    if missing:
+        raise SystemExit(f"{path}: column(s) {missing} missing; expected {list(HEATON_COLUMNS)} "
+                         "(the Heaton et al. simulated temperatures, see ../shared/data/PROVENANCE.md)")
+    X = df[["Lon", "Lat"]].to_numpy(np.float64)
+    obs = df["MaskTemp"].notna().to_numpy()
+    test_y = df["TrueTemp"].to_numpy(np.float64)[~obs]
+    if not np.all(np.isfinite(test_y)):
+        bad = np.flatnonzero(~obs)[~np.isfinite(test_y)]
+        raise SystemExit(f"{path}: column 'TrueTemp' is missing at masked row(s) {bad[:8].tolist()}; every test "
+                         "row needs its true value")
+    return X[obs], df["MaskTemp"].to_numpy(np.float64)[obs], X[~obs], test_y
+
+
+def synthetic_gaps(seed: int = 0, nx: int = 60, ny: int = 36, clouds: int = 5):
+    """A small Heaton-like set for ``--smoke``: a smooth field plus noise on a grid over the Heaton box, with
+    disc-shaped 'clouds' whose cells are the test set. Same return as :func:`load_heaton`."""
+    rng = np.random.default_rng(seed)
+    lon, lat = np.meshgrid(np.linspace(-95.9, -91.3, nx), np.linspace(34.3, 37.1, ny))
+    X = np.column_stack([lon.ravel(), lat.ravel()])
+    truth = 44 + 3 * np.sin(1.3 * X[:, 0]) * np.cos(1.7 * X[:, 1]) + 0.8 * X[:, 1] - 0.8 * 35.7
+    y = truth + 0.3 * rng.normal(size=len(X))
+    centres = np.column_stack([rng.uniform(-95.5, -91.7, clouds), rng.uniform(34.6, 36.8, clouds)])
+    gap = (np.hypot(X[:, None, 0] - centres[:, 0], X[:, None, 1] - centres[:, 1]) < 0.45).any(1)
+    return X[~gap], y[~gap], X[gap], y[gap]
+
+
+def heaton_validation(X, how: str, seed: int, frac: float = 0.05) -> np.ndarray:
+    """Boolean mask of the validation rows among the training cells: a seeded random ``frac`` (``random``) or
+    whole 10 km blocks adding up to about ``frac`` (``block``, :func:`gpcore.data.block_split`)."""
+    from gpcore import data as D
+
+    if how == "random":
+        _, va, _ = D.random_split(len(X), seed=seed, fractions=(1 - frac, frac, 0.0))
+    else:
+        _, va, _ = D.block_split(X[:, 0], X[:, 1], block_km=10.0, seed=seed, fractions=(1 - frac, frac, 0.0))
+    mask = np.zeros(len(X), bool)
+    mask[va] = True
+    return mask
+
+
+def heaton_markdown(df: pd.DataFrame) -> str:
+    cols = ["model", "n_train", "MAE", "RMSPE", "CRPS", "INT", "CVG", "minutes", "fit s", "predict s", "NLL"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in df.itertuples(index=False):
+        lines.append(f"| {r.model} | {r.n_train} | {r.mae:.3f} | {r.rmspe:.3f} | {r.crps:.3f} | "
+                     f"{r.interval_score:.3f} | {100 * r.coverage:.1f} % | {r.minutes:.2f} | {r.fit_s:.1f} | "
+                     f"{r.predict_s:.1f} | {r.nll:.3f} |")
+    return "\n".join(lines)
+
+
+def run_heaton(args, smoke: bool = False) -> int:
+    """Issue 13's gap benchmark (module docstring); ``smoke``: synthetic gaps, tiny models."""
+    if smoke:
+        Xo, yo, Xt, yt = synthetic_gaps(args.seed)
+        source = "synthetic gaps (smoke)"
+    else:
+        path = Path(args.heaton) if args.heaton else shared_data(HEATON_FILE)
+        if not path.is_file():
+            print(f"Heaton data not found at {path}: skipping (pass --heaton PATH or set UA_SHARED_DATA to the "
+                  f"folder holding {HEATON_FILE})")
+            return 0
+        Xo, yo, Xt, yt = load_heaton(path)
+        source = str(path)
+    n_obs = len(yo)
+    if args.subsample and args.subsample < n_obs:
+        keep = np.sort(np.random.default_rng(args.seed).choice(n_obs, args.subsample, replace=False))
+        Xo, yo = Xo[keep], yo[keep]
+    val = heaton_validation(Xo, args.val, args.seed)
+    Xtr, ytr, Xva, yva = Xo[~val], yo[~val], Xo[val], yo[val]
+    models = known_models([m for m in (args.models or HEATON_MODELS).split(",") if m], log=stderr)
+    sets = parse_sets(args.set)
+    warm_up_torch()
+    print(f"Heaton gaps: {source}; {n_obs} observed cells"
+          + (f", subsample {len(yo)} (seed {args.seed})" if len(yo) < n_obs else "")
+          + f"; validation {val.sum()} ({args.val}, seed {args.seed}), fit on {len(ytr)}; test {len(yt)} masked cells;"
+          f" torch {torch.get_num_threads()} thread(s)")
+    rows = []
+
+    def add(name, r):
+        secs = r["fit_seconds"] + r["predict_seconds"]
+        rows.append({"model": name, "n_train": len(ytr), **M.heaton_scores(r["mean"], r["var_y"], yt),
+                     "nll": M.nll(r["mean"], r["var_y"], yt), "minutes": secs / 60, "fit_s": r["fit_seconds"],
+                     "predict_s": r["predict_seconds"]})
+        stderr(f"  {name}: fit {r['fit_seconds']:.1f} s, predict {r['predict_seconds']:.1f} s")
+
+    for name in models:
+        settings = {**(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
+        add(name, fit_predict(name, settings, Xtr, ytr, Xva, yva, Xt, seed=args.seed))
+    if gpboost_available():
+        add("GPBoost vecchia", gpboost_vecchia(Xtr, ytr, Xt))
+    else:
+        print("GPBoost not installed (pip install gpboost): no peer row")
+    table = pd.DataFrame(rows)
+    md = heaton_markdown(table)
+    print(md)
+    if args.out and not smoke:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "heaton.csv", index=False)
+        (out / "heaton.md").write_text(md + "\n")
+    return 0 if np.isfinite(table[["crps", "nll"]].to_numpy()).all() else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="synthetic data, two tiny models (seconds)")
@@ -90,11 +216,22 @@ def main(argv=None) -> int:
     ap.add_argument("--y", default="download_mbps")
     ap.add_argument("--transform", default="log10")
     ap.add_argument("--strata", default="county_metro")
-    ap.add_argument("--models", default=DEFAULT_MODELS)
+    ap.add_argument("--models", default=None,
+                    help=f"comma-separated model names (default {DEFAULT_MODELS}; with --data heaton {HEATON_MODELS})")
     ap.add_argument("--svgp-m", type=int, default=512)
     ap.add_argument("--svgp-epochs", type=int, default=200)
     ap.add_argument("--out", help="where the runs and tables go (default: a temporary directory)")
+    ap.add_argument("--heaton", help=f"--data heaton: the file (default $UA_SHARED_DATA/{HEATON_FILE}, else "
+                    f"../shared/data/{HEATON_FILE} beside the repository)")
+    ap.add_argument("--subsample", type=int, default=0, help="--data heaton: this many training cells (seeded)")
+    ap.add_argument("--val", choices=("random", "block"), default="random",
+                    help="--data heaton: validation cells, a seeded random 5 %% or 10 km blocks adding up to 5 %%")
+    ap.add_argument("--seed", type=int, default=0, help="--data heaton: seed of subsample, validation and models")
+    ap.add_argument("--set", action="append", default=[], help="--data heaton: MODEL.KEY=VALUE, e.g. vecchia.epochs=50")
     args = ap.parse_args(argv)
+    if args.data == "heaton" and not args.smoke:
+        return run_heaton(args)
+    args.models = args.models or DEFAULT_MODELS
     settings = {}
     if args.smoke:
         args.data, args.quarter, args.strata, args.models = "sample:synthetic", None, "column:county_metro", "dbk,svgp"
@@ -121,6 +258,9 @@ def main(argv=None) -> int:
               f"{r['fit_seconds']:8.1f} {r['fit_seconds'] / peer_s:20.2f}")
     per = table[table.group != "all"][["model", "group", "n", "nll", "coverage", "pi_width_mean"]]
     print(per.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if args.smoke:  # the Heaton gap benchmark on synthetic gaps
+        args.models = "vecchia,dbk"
+        return run_heaton(args, smoke=True)
     return 0
 
 

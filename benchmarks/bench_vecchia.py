@@ -67,18 +67,13 @@ def fit_puerto_rico() -> None:
     t_fit = time.perf_counter() - t0
     p = model.predict(X[te])
     report("gpcore vecchia", p.mean, p.var_y, t_fit)
-    try:
-        import gpboost as gpb
-    except ImportError:
+    from _peers import gpboost_available, gpboost_vecchia
+
+    if not gpboost_available():
         print("GPBoost not installed (pip install gpboost): skipping the comparison")
         return
-    t0 = time.perf_counter()
-    gp = gpb.GPModel(gp_coords=X[tr], cov_function="matern", cov_fct_shape=1.5, likelihood="gaussian",
-                     gp_approx="vecchia", num_neighbors=30)
-    gp.fit(y=y[tr], X=np.ones((len(tr), 1)))
-    t_fit = time.perf_counter() - t0
-    q = gp.predict(gp_coords_pred=X[te], X_pred=np.ones((len(te), 1)), predict_var=True, predict_response=True)
-    report("GPBoost vecchia", np.asarray(q["mu"]), np.asarray(q["var"]), t_fit)
+    q = gpboost_vecchia(X[tr], y[tr], X[te])
+    report("GPBoost vecchia", q["mean"], q["var_y"], q["fit_seconds"])
 
 
 def main() -> None:

@@ -38,6 +38,11 @@ def rmse(mean, y) -> float:
     return float(np.sqrt(np.mean((y - mean) ** 2)))
 
 
+def rmspe(mean, y) -> float:
+    """Root mean squared prediction error, the name Heaton et al. (2019) use for :func:`rmse`."""
+    return rmse(mean, y)
+
+
 def nll(mean, var_y, y) -> float:
     """Mean Gaussian negative log predictive density."""
     mean, var_y, y = _arrays(mean, var_y, y)
@@ -64,6 +69,29 @@ def coverage(mean, var_y, y, level: float = 0.95) -> float:
     """Fraction of ``y`` inside the central ``level`` interval ``mean ± z sd``."""
     mean, var_y, y = _arrays(mean, var_y, y)
     return float(np.mean(np.abs(y - mean) <= z_value(level) * np.sqrt(var_y)))
+
+
+def interval_score(mean, var_y, y, level: float = 0.95) -> float:
+    """Mean interval score of the central ``level`` interval ``[l, u] = mean ± z sd`` (Gneiting & Raftery 2007,
+    eq. 43; Heaton et al. 2019's INT): ``(u - l) + (2 / a) (l - y) 1[y < l] + (2 / a) (y - u) 1[y > u]``,
+    ``a = 1 - level``. Lower is better; in the target's units."""
+    mean, var_y, y = _arrays(mean, var_y, y)
+    a = 1.0 - level
+    half = z_value(level) * np.sqrt(var_y)
+    lo, hi = mean - half, mean + half
+    return float(np.mean((hi - lo) + (2 / a) * np.maximum(lo - y, 0.0) + (2 / a) * np.maximum(y - hi, 0.0)))
+
+
+def heaton_scores(mean, var_y, y, level: float = 0.95) -> dict[str, float]:
+    """The scores of Heaton et al. (2019)'s comparison: MAE, RMSPE, CRPS, interval score and coverage of the
+    central ``level`` interval (their INT and CVG use 95 %)."""
+    return {
+        "mae": mae(mean, y),
+        "rmspe": rmspe(mean, y),
+        "crps": crps(mean, var_y, y),
+        "interval_score": interval_score(mean, var_y, y, level),
+        "coverage": coverage(mean, var_y, y, level),
+    }
 
 
 def interval_width(var_y, level: float = 0.95) -> np.ndarray:

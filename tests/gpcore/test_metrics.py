@@ -97,3 +97,58 @@ def test_weight_bins_and_per_bin_metrics():
     assert t.iloc[1]["nll"] == pytest.approx(evaluate(mean[sel], var[sel], y[sel])["nll"], rel=1e-12)
     assert list(evaluate_weight_bins(mean[:2], var[:2], y[:2], w[:2], "w")["group"]) == ["w 1"]
     assert coverage_se(1900) == pytest.approx(0.005, rel=1e-12)
+
+
+def test_interval_score_direct_formula_and_quantile_loss_identity():
+    """Against the Gneiting & Raftery (2007) formula on scipy's interval, and the identity
+    IS_a(l, u; y) = (2 / a) [rho_{a/2}(y - l) + rho_{1-a/2}(y - u)] with the pinball loss rho."""
+    rng = np.random.default_rng(4)
+    n = 400
+    mean, sd = rng.normal(size=n), rng.uniform(0.2, 2.0, size=n)
+    y = mean + 1.5 * sd * rng.standard_t(3, size=n)  # many points outside the interval on both sides
+    for level in (0.95, 0.8, 0.5):
+        a = 1 - level
+        lo, hi = stats.norm.interval(level, mean, sd)
+        assert ((y < lo).sum() > 10) and ((y > hi).sum() > 10)
+        direct = (hi - lo) + (2 / a) * (lo - y) * (y < lo) + (2 / a) * (y - hi) * (y > hi)
+
+        def pinball(r, tau):
+            return r * (tau - (r < 0))
+
+        via_quantiles = (2 / a) * (pinball(y - lo, a / 2) + pinball(y - hi, 1 - a / 2))
+        np.testing.assert_allclose(direct, via_quantiles, rtol=1e-12, atol=1e-12)
+        assert M.interval_score(mean, sd**2, y, level) == pytest.approx(direct.mean(), rel=1e-12)
+    # a point inside scores the width alone; one outside adds 2/a times its distance to the nearer end
+    assert M.interval_score([0.0], [1.0], [0.3]) == pytest.approx(2 * 1.959963984540054, rel=1e-12)
+    assert M.interval_score([0.0], [1.0], [3.0]) == pytest.approx(
+        2 * 1.959963984540054 + 40 * (3 - 1.959963984540054), rel=1e-12)
+
+
+def test_expected_interval_score_by_integration_is_minimal_at_the_true_quantiles():
+    """E[IS] under the true N(mu, s^2), by numerical integration of the metric itself, equals the closed form
+    2 z s + (4 / a) s [phi(z) - z (1 - Phi(z))] and is larger for intervals too narrow or too wide."""
+    mu, s, a = 0.4, 1.3, 0.05
+    z = stats.norm.ppf(1 - a / 2)
+
+    def expected(scale):
+        def f(t):
+            return M.interval_score([mu], [(scale * s) ** 2], [t]) * stats.norm.pdf(t, mu, s)
+
+        pts = [mu - z * scale * s, mu + z * scale * s]
+        edges = ((-np.inf, pts[0]), (pts[0], pts[1]), (pts[1], np.inf))
+        return sum(integrate.quad(f, lo, hi, limit=400)[0] for lo, hi in edges)
+
+    closed = 2 * z * s + (4 / a) * s * (stats.norm.pdf(z) - z * stats.norm.sf(z))
+    assert expected(1.0) == pytest.approx(closed, rel=1e-7)
+    for scale in (0.7, 0.9, 1.1, 1.4):
+        assert expected(scale) > expected(1.0) + 1e-4
+
+
+def test_heaton_scores_are_the_single_metrics():
+    rng = np.random.default_rng(5)
+    mean, var = rng.normal(size=50), rng.uniform(0.1, 1, size=50)
+    y = mean + rng.normal(size=50)
+    h = M.heaton_scores(mean, var, y)
+    assert h == {"mae": M.mae(mean, y), "rmspe": M.rmse(mean, y), "crps": M.crps(mean, var, y),
+                 "interval_score": M.interval_score(mean, var, y), "coverage": M.coverage(mean, var, y)}
+    assert M.rmspe(mean, y) == pytest.approx(np.sqrt(np.mean((y - mean) ** 2)), rel=1e-12)

@@ -1,0 +1,90 @@
+"""Pieces the accuracy benchmarks share (``bench_models.py --data heaton``, ``bench_race.py``): model settings
+from the command line, one gpcore fit + prediction timed, and where the shared data files live."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpcore import make_model
+from gpcore.models.base import available_models
+
+REPO = Path(__file__).resolve().parents[1]
+#: settings that make any model tiny for ``--smoke`` (each model keeps the ones it has)
+SMOKE_SETTINGS = {"epochs": 2, "rank": 8, "hidden": 8, "num_inducing": 8, "neighbors": 5}
+
+
+def shared_data(name: str) -> Path:
+    """``$UA_SHARED_DATA/<name>`` when that variable is set, else ``../shared/data/<name>`` beside the repository."""
+    root = os.environ.get("UA_SHARED_DATA")
+    return Path(root) / name if root else REPO.parent / "shared" / "data" / name
+
+
+def parse_sets(items) -> dict[str, dict]:
+    """``["vecchia.epochs=50", "dbk-rbf.lr=0.01"]`` -> ``{"vecchia": {"epochs": 50}, "dbk-rbf": {"lr": 0.01}}``."""
+    out: dict[str, dict] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        name, dot, k = key.partition(".")
+        if not (sep and dot and name and k):
+            raise SystemExit(f"--set {item!r}: write MODEL.SETTING=VALUE, e.g. --set vecchia.epochs=50")
+        try:
+            v: object = int(value)
+        except ValueError:
+            try:
+                v = float(value)
+            except ValueError:
+                v = value
+        out.setdefault(name, {})[k] = v
+    return out
+
+
+def known_models(names, log=print) -> list[str]:
+    """The names in ``names`` that the registry has, saying which ones are skipped."""
+    have = set(available_models())
+    keep = [n for n in names if n in have]
+    for n in names:
+        if n not in have:
+            log(f"skipping model {n!r}: not registered in gpcore (available: {', '.join(sorted(have))})")
+    return keep
+
+
+def smoke_settings(name: str) -> dict:
+    fields = make_model(name).config.field_names()
+    return {k: v for k, v in SMOKE_SETTINGS.items() if k in fields}
+
+
+def fit_predict(name: str, settings: dict, X, y, X_val, y_val, X_test, *, weights=None, val_weights=None,
+                test_weights=None, seed: int = 0) -> dict:
+    """Fit gpcore model ``name`` (early stopping on the validation rows) and predict the test rows.
+
+    With ``weights`` a model that supports them (``GPModel.supports_weights``) is fitted weighted and each
+    test row is predicted for its own ``test_weights`` count; a model that does not is fitted unweighted.
+    Returns ``{"mean", "var_y", "fit_seconds", "predict_seconds", "weighted", "epochs", "model"}``.
+    """
+    model = make_model(name, **{"seed": seed, **settings})
+    weighted = weights is not None and model.supports_weights
+    kw = {"weights": weights, "val_weights": val_weights} if weighted else {}
+    t0 = time.perf_counter()
+    model.fit(X, y, X_val, y_val, **kw)
+    fit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pred = model.predict(X_test, weights=test_weights if weighted else None)
+    return {"mean": np.asarray(pred.mean), "var_y": np.asarray(pred.var_y), "fit_seconds": fit_s,
+            "predict_seconds": time.perf_counter() - t0, "weighted": weighted,
+            "epochs": getattr(model, "train_info_", {}).get("epochs_run"), "model": model}
+
+
+def warm_up_torch() -> None:
+    """torch imports torch._dynamo (seconds) the first time an optimizer is built: pay it outside the timings."""
+    import torch
+
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+
+
+def stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
