@@ -53,6 +53,7 @@ Feature form: none — the residual's Vecchia conditioning defines marginals onl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -124,6 +125,20 @@ class DBKNNModule(VecchiaModule):
         return nn.functional.softplus(self.raw_fscale)
 
 
+def _staged(callback, offset: int, total: int | None = None):
+    """The caller's per-epoch callback with one epoch count across the stages (stage 1's epochs first)."""
+    if callback is None:
+        return None
+
+    def inner(progress):
+        changes = {"epoch": progress.epoch + offset}
+        if total is not None:
+            changes["epochs"] = total
+        return callback(dataclasses.replace(progress, **changes))
+
+    return inner
+
+
 @register("dbk-nn", description="DBK features plus a nearest-neighbour (Vecchia) residual GP")
 class DBKNN(VecchiaGP):
     """DBK + Vecchia residual (module docstring)."""
@@ -140,8 +155,11 @@ class DBKNN(VecchiaGP):
         import time
 
         t0 = time.perf_counter()
-        dbk = DBK(**self.config.dbk_config().to_dict())
-        dbk.fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights)
+        cfg = self.config
+        total = cfg.dbk_epochs + cfg.epochs + (cfg.joint_epochs if cfg.train_mode == "joint" else 0)
+        dbk = DBK(**cfg.dbk_config().to_dict())
+        dbk.fit(X, y, X_val, y_val, _staged(callback, 0, total), weights=weights, val_weights=val_weights)
+        callback = _staged(callback, len(dbk.history_), total)
         self._stage1 = dbk
         cancelled = bool(dbk.train_info_.get("cancelled"))
         config = self.config
@@ -292,7 +310,7 @@ class DBKNN(VecchiaGP):
         self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs)
         self._set_joint(True)
         try:
-            h2, i2 = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
+            h2, i2 = train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
         finally:
             self.config = base
             self._set_joint(False)

@@ -133,3 +133,33 @@ def test_cancel_keeps_the_best_model_so_far(store):
     assert job.cancelled and len(job.history) < 200
     manifest = json.loads((store / "cancelled-run" / "run.json").read_text())
     assert manifest["train_info"]["cancelled"] is True
+
+
+def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app, store):
+    """dbk-nn trains in two stages (DBK, then the residual); the page's progress counts epochs 1, 2, ... across
+    both, and the run lands in the store as a dbk-nn run."""
+    from gpcore.store import RunStore
+
+    app.run()
+    app.switch_page("app_pages/train.py").run()
+    app.selectbox(key="w_model").select("dbk-nn").run()
+    assert not app.exception, [e.value for e in app.exception]
+    for name, value in (("dbk_epochs", 2), ("epochs", 2), ("dbk_rank", 8), ("neighbors", 8), ("dbk_hidden", 8),
+                        ("dbk_batch_size", 2048)):
+        app.number_input(key=f"w_set_dbk-nn_{name}").set_value(value)
+    app.number_input(key="w_cell_km").set_value(4.0)
+    app.button(key="w_train").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    job = app.session_state["ua_job"]
+    deadline = time.time() + 240
+    while not job.done and time.time() < deadline:
+        time.sleep(0.5)
+        app.run()
+    assert job.done and job.error is None, job.error
+    app.run()
+    epochs = [h["epoch"] for h in job.history]
+    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 3, epochs  # stage 1 then the residual
+    assert {h["epochs"] for h in job.history} == {4}
+    run = {r.run_id: r for r in RunStore().list()}[job.run_id]
+    assert run.manifest["config"]["model"] == "dbk-nn"
+    assert any("is in the run store" in s.value for s in app.success)
