@@ -32,7 +32,8 @@ def pick_runs(runs, data_hash: str) -> tuple[list, str]:
     pool = [r for r in pool if split_key(r) == kind]
     titles = cache.run_titles(pool)
     ids = [r.run_id for r in pool]
-    chosen = st.multiselect("Runs", ids, default=ids[:6], format_func=titles.get, key=f"w_cmp_runs_{kind}")
+    key = "w_cmp_runs" if kind == "random" else f"w_cmp_runs_{kind}"  # one choice of runs per split kind
+    chosen = st.multiselect("Runs", ids, default=ids[:6], format_func=titles.get, key=key)
     by_id = {r.run_id: r for r in pool}
     return [by_id[i] for i in chosen], kind
 
