@@ -43,8 +43,8 @@ COLUMNS = [
     "predict_seconds",
 ]
 
-SUMMARY_COLUMNS = ["model", "split", "nll_random", "nll_block", "nll_change", "coverage_random", "coverage_block",
-                   "coverage_change"]
+SUMMARY_COLUMNS = ["model", "split", "block_km", "nll_random", "nll_block", "nll_change", "coverage_random",
+                   "coverage_block", "coverage_change"]
 
 
 def split_label(split: str, block_km=None) -> str:
@@ -153,6 +153,7 @@ def split_summary(table: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "model": model,
             "split": split_label("block", km if km >= 0 else None),
+            "block_km": km if km >= 0 else np.nan,
             "nll_random": float(r["nll"]),
             "nll_block": float(b["nll"]),
             "nll_change": float(b["nll"]) - float(r["nll"]),

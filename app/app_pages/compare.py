@@ -77,20 +77,18 @@ def pick_split(pool) -> str:
     other = "block" if kind == "random" else "random"
     newest = pool[0]
     cfg = {**newest.manifest.get("config", {}), "split": other, "block_km": 10.0}
-    if other == "random":
-        cfg.pop("block_km")
     from gpcore.cli import fit_command
     from gpcore.store import RunStore
 
     out = shlex.quote(str(RunStore().root / f"{newest.model}-{other}"))
     what = ("spatial blocks (test rows inside gaps)" if other == "block" else "a random split")
-    st.info(f"Every run here was tested on **{split_name(kind).lower()}** splits. To see the models on {what}, "
+    st.info(f"Every run here was tested on one kind of split: **{split_name(kind)}**. To see the models on {what}, "
             "train with the other split on the Train page (Split), or run:")
     st.code(fit_command(cfg, out=out), language="bash")
     return kind
 
 
-def split_summary_table(runs, names: dict | None = None) -> pd.DataFrame:
+def split_summary_table(runs) -> pd.DataFrame:
     """Each model's newest run per split kind, random vs blocks (:func:`gpcore.compare.split_summary`), from the
     runs' manifests; empty when no model has runs of both kinds."""
     from gpcore.compare import split_summary
@@ -112,7 +110,7 @@ def split_summary_table(runs, names: dict | None = None) -> pd.DataFrame:
         return s
     return pd.DataFrame({
         "model": s["model"],
-        "split": s["split"].str.replace("block ", "Spatial blocks (").str.replace(" km", " km)"),
+        "split": [split_name(f"block:{km:g}") for km in s["block_km"]],
         "NLL random": s["nll_random"].map("{:.4f}".format),
         "NLL blocks": s["nll_block"].map("{:.4f}".format),
         "NLL change": s["nll_change"].map("{:+.4f}".format),

@@ -100,7 +100,7 @@ def test_one_split_kind_says_so_and_shows_the_command_for_the_other(trained_stor
     at = compare_page(store)
     assert not at.get("segmented_control"), "no control with one split kind"
     notes = [i.value for i in at.info]
-    assert any("tested on **random** splits" in n for n in notes), notes
+    assert any("tested on one kind of split: **Random**" in n for n in notes), notes
     code = "\n".join(c.value for c in at.code)
     assert "python -m gpcore fit" in code and "--split block --block-km 10" in code
     assert f"--out {store}/" in code, "the command writes into the run store the dashboard reads"
