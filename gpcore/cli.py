@@ -574,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fit each model on each split kind (default: a seeded random 8:1:1 split AND spatial blocks of "
                     "--block-km squares held out whole) and rank them by test NLL within each split. Runs go to "
                     "OUT/runs/<split>/<model>; OUT/metrics.{csv,md,json} has a split column, and "
-                    "OUT/split_summary.csv the random-vs-block change in NLL and 95%% coverage per model.",
+                    "OUT/split_summary.csv the random-vs-block change in NLL and 95% coverage per model.",
     )
     _add_data_args(p)
     p.add_argument("--splits", default=None,
