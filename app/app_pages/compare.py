@@ -19,6 +19,8 @@ from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
 METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "pi_width_mean", "fit_seconds", "predict_seconds"]
+#: The tables' split column wide enough to read "Spatial blocks (10 km)" whole.
+SPLIT_COLUMN = {"split": st.column_config.TextColumn("split", width="medium")}
 
 
 def pick_runs(runs, data_hash: str) -> tuple[list, str]:
@@ -173,7 +175,7 @@ def page() -> None:
     st.markdown(split_caption(kind))
     st.dataframe(charts.format_metrics(overall[["rank", "model", "split", *[c for c in METRIC_COLS if c in overall],
                                                 "run"]]),
-                 hide_index=True, width="stretch")
+                 hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     from gpcore.runs import NO_RECAL
 
     is_before = table.group.astype(str).str.endswith(NO_RECAL)
@@ -184,7 +186,7 @@ def page() -> None:
         order = {m: i for i, m in enumerate(overall["model"])}
         per = per.assign(_o=per["model"].map(order)).sort_values(["group", "_o"]).drop(columns="_o")
         st.dataframe(charts.format_metrics(per[["group", "model", "split", *[c for c in METRIC_COLS if c in per]]]),
-                     hide_index=True, width="stretch")
+                     hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
         st.subheader("Without recalibration")
@@ -192,7 +194,7 @@ def page() -> None:
                    "here the same test rows before that.")
         st.dataframe(charts.format_metrics(before[["group", "model", "split",
                                                    *[c for c in METRIC_COLS if c in before]]]),
-                     hide_index=True, width="stretch")
+                     hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     on_data = [r for r in runs if r.data_hash == data.data_hash]
     summary = split_summary_table(on_data)
     if not summary.empty:
@@ -200,7 +202,7 @@ def page() -> None:
         st.caption("Each model's newest run on this data set per test split: overall test NLL and 95% coverage, and "
                    "the change (blocks − random). Coverage that drops on blocks means intervals calibrated only "
                    "between measurements.")
-        st.dataframe(summary, hide_index=True, width="stretch")
+        st.dataframe(summary, hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
 
     tests = []
     for info in infos:
