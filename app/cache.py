@@ -355,6 +355,9 @@ def run_title(run_id: str, manifest: dict) -> str:
     model = manifest.get("config", {}).get("model", "?")
     created = (manifest.get("created") or "")[:16].replace("T", " ")
     label = manifest.get("label") or model
+    cfg = manifest.get("config", {})
+    if cfg.get("split") == "block" and "block" not in label:  # which test split the run's metrics come from
+        label += f" · spatial blocks {float(cfg.get('block_km', 10.0)):g} km"
     return f"{label} · {created}" if created else f"{label} · {run_id}"
 
 

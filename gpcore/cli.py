@@ -6,7 +6,8 @@
     python -m gpcore predict RUN_DIR --grid-region state:MO --cells 10000000 --out mo.tif   # streamed
     torchrun --nproc_per_node=N -m gpcore fit ... --distributed
     python -m gpcore evaluate RUN_DIR --data FILE
-    python -m gpcore compare --data FILE --y COL --models dbk-rbf,svgp --strata county_metro --out DIR
+    python -m gpcore compare --data FILE --y COL --models dbk-rbf,svgp --strata county_metro --out DIR \\
+        [--splits random,block] [--block-km 10]
     python -m gpcore data inspect FILE
     python -m gpcore models
     python -m gpcore exceed RUN_DIR --threshold 35 --units original --out p_below.parquet
@@ -71,8 +72,9 @@ def _add_data_args(p: argparse.ArgumentParser, need_y: bool = True) -> None:
                    "noise tau^2 + sigma^2 / w, metrics per count bin 1, 2-4, 5-16, >16")
     p.add_argument("--time", help="time column (quarter or date) when it is not auto-detected")
     p.add_argument("--strata", help="county_metro | column:<NAME> | polygons:<PATH>")
-    p.add_argument("--split", default="random", choices=("random", "block"))
-    p.add_argument("--block-km", type=float, default=10.0)
+    p.add_argument("--split", default="random", choices=("random", "block"),
+                   help="test split: random (seeded 8:1:1 rows) or block (whole --block-km squares held out)")
+    p.add_argument("--block-km", type=float, default=10.0, help="side of the squares of the block split, in km")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-drop", action="store_true", help="fail on NaN/inf rows instead of dropping them")
     p.add_argument("--grid", default="square", choices=("square", "quadkey", "none"), help="prediction grid kind")
@@ -205,6 +207,15 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _compare_splits(args) -> list[str]:
+    """``compare``'s split kinds: ``--splits`` (default random,block); a lone ``--split X`` means ``--splits X``."""
+    from gpcore.compare import parse_splits
+
+    if args.splits is not None and args.split is not None and parse_splits(args.splits) != [args.split]:
+        raise GPCoreError(f"--split {args.split} and --splits {args.splits} disagree; give only --splits")
+    return parse_splits(args.splits or args.split or "random,block")
+
+
 def cmd_compare(args) -> int:
     from gpcore.compare import compare_models
 
@@ -216,6 +227,8 @@ def cmd_compare(args) -> int:
         if "." in k:
             name, key = k.split(".", 1)
             overrides.setdefault(name, {})[key] = v
+    splits = _compare_splits(args)
+    args.split = splits[0]
     base = _run_config(args, models[0], common)
     table = compare_models(
         base,
@@ -224,6 +237,7 @@ def cmd_compare(args) -> int:
         overrides=overrides,
         log=lambda m: print(m, file=sys.stderr),
         callback_factory=(lambda name: _progress_printer(f"[{name}] ")) if args.verbose else None,
+        splits=splits,
     )
     print((Path(args.out) / "metrics.md").read_text())
     return 0 if len(table) else 1
@@ -493,6 +507,27 @@ def cmd_models(args) -> int:
     return 0
 
 
+def fit_command(cfg: dict, out: str = "runs/reproduced") -> str:
+    """The ``python -m gpcore fit`` command that reproduces a run configuration (``RunConfig.to_dict()``)."""
+    parts = ["python -m gpcore fit", f"--data {cfg.get('data')}", f"--y {cfg.get('y')}"]
+    if cfg.get("x"):
+        parts.append(f"--x {','.join(cfg['x'])}")
+    for key, flag in (("transform", "--transform"), ("quarter", "--quarter"), ("weight", "--weight"),
+                      ("strata", "--strata")):
+        if cfg.get(key) not in (None, "", "identity"):
+            parts.append(f"{flag} {cfg[key]}")
+    if cfg.get("split", "random") != "random":
+        parts.append(f"--split {cfg['split']} --block-km {cfg.get('block_km', 10.0):g}")
+    parts.append(f"--seed {cfg.get('seed', 0)}")
+    if cfg.get("grid_cell_km"):
+        parts.append(f"--cell-km {cfg['grid_cell_km']:g}")
+    parts.append(f"--model {cfg.get('model')}")
+    for k, v in (cfg.get("settings") or {}).items():
+        parts.append(f"--set {k}={v}")
+    parts.append(f"--out {out}")
+    return " \\\n    ".join(parts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gpcore", description=__doc__.split("\n")[0])
     parser.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
@@ -534,8 +569,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-drop", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("compare", help="fit several models on one split and rank them")
+    p = sub.add_parser(
+        "compare", help="fit several models on random and spatial-block splits and rank them within each",
+        description="Fit each model on each split kind (default: a seeded random 8:1:1 split AND spatial blocks of "
+                    "--block-km squares held out whole) and rank them by test NLL within each split. Runs go to "
+                    "OUT/runs/<split>/<model>; OUT/metrics.{csv,md,json} has a split column, and "
+                    "OUT/split_summary.csv the random-vs-block change in NLL and 95% coverage per model.",
+    )
     _add_data_args(p)
+    p.add_argument("--splits", default=None,
+                   help="comma-separated split kinds to evaluate on: random, block or random,block (the default); "
+                        "block holds out whole --block-km squares, so its test rows lie inside gaps")
+    p.set_defaults(split=None)  # compare takes --splits; a lone --split X still means --splits X
     p.add_argument("--models", required=True, help="comma-separated registry names")
     p.add_argument("--set", action="append", metavar="[MODEL.]KEY=VALUE")
     p.add_argument("--out", required=True)

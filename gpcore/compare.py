@@ -1,8 +1,15 @@
-"""Fit several models on one seeded split and rank them (``python -m gpcore compare``).
+"""Fit several models on seeded splits and rank them (``python -m gpcore compare``).
 
-Every model sees the same data, transform, split and strata; each run is written under
-``OUT/runs/<model>`` and the combined table to ``OUT/metrics.{csv,md,json}``, ranked by the
-overall test NLL. Metrics are in the transformed units the models train in (e.g. log10 Mbps).
+Every model sees the same data, transform, strata and splits. A *split* is ``"random"`` (a seeded
+8:1:1 split of the rows: test rows lie between training rows) or ``"block"`` (whole ``block_km``
+squares go to train, validation or test: test rows lie inside gaps with no training data). A model
+whose intervals cover 95 % only on random test rows is calibrated only between measurements, so
+``python -m gpcore compare`` evaluates both by default.
+
+Each run is written under ``OUT/runs/<split>/<model>`` and the combined table to
+``OUT/metrics.{csv,md,json}`` with a ``split`` (and ``block_km``) column, ranked by the overall test
+NLL within each split; ``OUT/split_summary.csv`` holds each model's random-vs-block change in NLL
+and 95 % coverage. Metrics are in the transformed units the models train in (e.g. log10 Mbps).
 """
 
 from __future__ import annotations
@@ -11,12 +18,18 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from gpcore.runs import RunConfig, execute_run, prepare
+from gpcore.errors import ConfigError, DataError
+from gpcore.runs import RunConfig, execute_run, prepare, split_indices
+
+SPLITS = ("random", "block")
 
 COLUMNS = [
     "model",
+    "split",
+    "block_km",
     "group",
     "n",
     "mae",
@@ -30,55 +43,177 @@ COLUMNS = [
     "predict_seconds",
 ]
 
+SUMMARY_COLUMNS = ["model", "split", "block_km", "nll_random", "nll_block", "nll_change", "coverage_random",
+                   "coverage_block", "coverage_change"]
+
+
+def split_label(split: str, block_km=None) -> str:
+    """How a split is named in tables and captions: ``"random"`` or ``"block 10 km"``."""
+    if split != "block":
+        return "random"
+    try:
+        km = float(block_km)
+    except (TypeError, ValueError):
+        return "block"
+    return f"block {km:g} km" if np.isfinite(km) else "block"
+
+
+def parse_splits(splits) -> list[str]:
+    """``"random,block"`` or a list of split kinds -> a checked list (ConfigError naming the allowed values)."""
+    items = [s.strip() for s in splits.split(",")] if isinstance(splits, str) else [str(s).strip() for s in splits]
+    items = [s for s in items if s]
+    bad = [s for s in items if s not in SPLITS]
+    if bad or not items or len(set(items)) != len(items):
+        raise ConfigError(
+            f"splits={','.join(items) or '(none)'!r} is not allowed; give one or both of 'random' and 'block', "
+            "each once (e.g. --splits random,block)"
+        )
+    return items
+
 
 def compare_models(base: RunConfig, models: list[str], out_dir, overrides: dict[str, dict] | None = None,
-                   log=print, callback_factory=None) -> pd.DataFrame:
-    """Run each model in ``models`` with ``base``'s data settings; return the ranked tidy table.
+                   log=print, callback_factory=None, splits=None) -> pd.DataFrame:
+    """Run each model in ``models`` with ``base``'s data settings on each split; return the ranked tidy table.
 
-    ``overrides`` maps a model name to extra settings for it (``--set dbk-rbf.rank=256``).
+    ``splits`` lists the split kinds (``["random", "block"]``); None means ``[base.split]`` alone (one split,
+    as before). The block size is ``base.block_km``. ``overrides`` maps a model name to extra settings for it
+    (``--set dbk-rbf.rank=256``). The data are read once; every split is drawn from the same rows and seed.
     """
+    splits = parse_splits([base.split] if splits is None else splits)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    prep = prepare(base)
-    log(prep.report_text or f"{len(prep.y)} rows")
+    first = prepare(dataclasses.replace(base, split="random"))  # read once; every split drawn before any fit
+    log(first.report_text or f"{len(first.y)} rows")
+    preps = {s: first if s == "random" else _resplit(first, dataclasses.replace(base, split=s)) for s in splits}
     tables = []
-    for name in models:
-        settings = {**base.settings, **(overrides or {}).get(name, {})}
-        cfg = dataclasses.replace(base, model=name, settings=settings, label=name)
-        log(f"--- fitting {name} ({len(prep.train_idx)} training points)")
-        cb = callback_factory(name) if callback_factory else None
-        run_dir = execute_run(cfg, out / "runs" / name, callback=cb, prepared=prep, log=log)
-        t = pd.read_csv(run_dir / "metrics.csv")
-        t.insert(0, "model", name)
-        tables.append(t)
-        log(t[["group", "n", "mae", "nll", "coverage", "pi_width_mean", "fit_seconds"]].to_string(index=False))
-    table = pd.concat(tables, ignore_index=True)[COLUMNS]
-    order = table[table.group == "all"].sort_values("nll")["model"].tolist()
-    table["rank"] = table["model"].map({m: i + 1 for i, m in enumerate(order)})
-    table = table.sort_values(["rank", "group"], key=lambda s: s if s.name == "rank" else s.ne("all")).reset_index(
-        drop=True
-    )
-    write_tables(table, out, base)
+    for split in splits:
+        split_cfg = dataclasses.replace(base, split=split)
+        prep = preps[split]
+        label = split_label(split, base.block_km)
+        log(f"=== split: {label} (train/val/test = {len(prep.train_idx)}/{len(prep.val_idx)}/{len(prep.test_idx)})")
+        for name in models:
+            settings = {**base.settings, **(overrides or {}).get(name, {})}
+            cfg = dataclasses.replace(split_cfg, model=name, settings=settings, label=f"{name} ({label} split)")
+            log(f"--- fitting {name} on the {label} split ({len(prep.train_idx)} training points)")
+            cb = callback_factory(name) if callback_factory else None
+            run_dir = execute_run(cfg, out / "runs" / split / name, callback=cb, prepared=prep, log=log)
+            t = pd.read_csv(run_dir / "metrics.csv")
+            t.insert(0, "model", name)
+            t.insert(1, "split", split)
+            t.insert(2, "block_km", float(base.block_km) if split == "block" else np.nan)
+            tables.append(t)
+            log(t[["group", "n", "mae", "nll", "coverage", "pi_width_mean", "fit_seconds"]].to_string(index=False))
+    table = rank_within_splits(pd.concat(tables, ignore_index=True)[COLUMNS], splits)
+    write_tables(table, out, base, splits)
     return table
 
 
-def write_tables(table: pd.DataFrame, out: Path, base: RunConfig) -> None:
+def _resplit(prep, cfg: RunConfig):
+    """``prep`` with the train / validation / test rows of ``cfg``'s split (same data, same seed)."""
+    try:
+        tr, va, te = split_indices(cfg, prep.X)
+    except DataError as e:
+        raise DataError(f"{e} (python -m gpcore compare: pass a smaller --block-km, or --splits random)") from None
+    return dataclasses.replace(prep, train_idx=np.asarray(tr), val_idx=np.asarray(va), test_idx=np.asarray(te))
+
+
+def rank_within_splits(table: pd.DataFrame, splits=None) -> pd.DataFrame:
+    """Add ``rank`` (1 = lowest overall test NLL) within each split; order rows by split, rank, then "all" first."""
+    splits = list(splits) if splits is not None else list(dict.fromkeys(table["split"]))
+    ranks = {}
+    for split in splits:
+        overall = table[(table.split == split) & (table.group == "all")].sort_values("nll", kind="stable")
+        ranks.update({(split, m): i + 1 for i, m in enumerate(overall["model"])})
+    table = table.copy()
+    table["rank"] = [ranks.get((s, m)) for s, m in zip(table["split"], table["model"], strict=True)]
+    key = pd.DataFrame({
+        "s": table["split"].map({s: i for i, s in enumerate(splits)}),
+        "r": table["rank"],
+        "g": table["group"].ne("all"),
+    })
+    order = key.sort_values(["s", "r", "g"], kind="stable").index
+    return table.loc[order].reset_index(drop=True)
+
+
+def split_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Random vs spatial blocks per model: overall test NLL and 95 % coverage on each, and the change (block − random).
+
+    ``table`` has the columns ``model``, ``split``, ``block_km``, ``group``, ``nll`` and ``coverage`` (the
+    compare table, or one built from run manifests). One row per model and block size that has both a random
+    and a block result; ``split`` names the block size (``"block 10 km"``). Empty when there is nothing to pair.
+    """
+    overall = table[table["group"] == "all"]
+    random = overall[overall["split"] == "random"].drop_duplicates("model").set_index("model")
+    rows = []
+    block = overall[overall["split"] == "block"]
+    for (model, km), part in block.groupby(["model", block["block_km"].fillna(-1.0)], sort=False):
+        if model not in random.index:
+            continue
+        r, b = random.loc[model], part.iloc[0]
+        rows.append({
+            "model": model,
+            "split": split_label("block", km if km >= 0 else None),
+            "block_km": km if km >= 0 else np.nan,
+            "nll_random": float(r["nll"]),
+            "nll_block": float(b["nll"]),
+            "nll_change": float(b["nll"]) - float(r["nll"]),
+            "coverage_random": float(r["coverage"]),
+            "coverage_block": float(b["coverage"]),
+            "coverage_change": float(b["coverage"]) - float(r["coverage"]),
+        })
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -> None:
+    splits = list(splits) if splits is not None else list(dict.fromkeys(table["split"]))
+    summary = split_summary(table)
     table.to_csv(out / "metrics.csv", index=False)
-    (out / "metrics.json").write_text(
-        json.dumps({"config": base.to_dict(), "metrics": table.to_dict(orient="records")}, indent=2)
-    )
+    if len(splits) > 1:
+        summary.to_csv(out / "split_summary.csv", index=False)
+    (out / "metrics.json").write_text(json.dumps(
+        {"config": base.to_dict(), "splits": splits,
+         "metrics": table.replace({np.nan: None}).to_dict(orient="records"),
+         "split_summary": summary.replace({np.nan: None}).to_dict(orient="records")},
+        indent=2, allow_nan=False,
+    ))
     fmt = table.copy()
     for col in ("mae", "rmse", "nll", "crps", "pi_width_mean", "pi_width_median"):
         fmt[col] = fmt[col].map(lambda v: f"{v:.4f}")
     fmt["coverage"] = fmt["coverage"].map(lambda v: f"{100 * v:.1f}%")
     for col in ("fit_seconds", "predict_seconds"):
         fmt[col] = fmt[col].map(lambda v: f"{v:.2f}")
+    names = {"random": "random 8:1:1", "block": f"spatial blocks of {base.block_km:g} km (8:1:1 by points)"}
     header = (
         f"# Model comparison\n\nData: `{base.data}` (quarter {base.quarter or 'default'}), target `{base.y}` "
-        f"({base.transform}), split {base.split} 8:1:1 seed {base.seed}, strata {base.strata or 'none'}. "
-        "Metrics on the test split in transformed units; ranked by overall NLL.\n\n"
+        f"({base.transform}), split{'s' if len(splits) > 1 else ''} {' and '.join(names[s] for s in splits)}, "
+        f"seed {base.seed}, strata {base.strata or 'none'}. Metrics on the test split in transformed units; "
+        "ranked by overall NLL within each split.\n"
     )
-    (out / "metrics.md").write_text(header + _markdown(fmt) + "\n")
+    parts = [header]
+    titles = {"random": "Random split: test rows between training rows",
+              "block": f"Spatial blocks: whole {base.block_km:g} km squares held out (test rows inside gaps)"}
+    for split in splits:
+        part = fmt[fmt["split"] == split].drop(columns=["split", "block_km"])
+        parts.append(f"## {titles[split]}\n\n{_markdown(part)}\n")
+    if len(splits) > 1:
+        parts.append("## Random vs spatial blocks\n\nOverall test NLL and 95 % coverage on each split; change = "
+                     "block − random (a model calibrated only between measurements loses coverage on blocks).\n\n"
+                     + _summary_markdown(summary) + "\n")
+    (out / "metrics.md").write_text("\n".join(parts))
+
+
+def _summary_markdown(summary: pd.DataFrame) -> str:
+    if summary.empty:
+        return "(no model has results on both splits)"
+    lines = ["| model | split | NLL random | NLL block | change | coverage random | coverage block | change |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in summary.iterrows():
+        lines.append(
+            f"| {r['model']} | {r['split']} | {r['nll_random']:.4f} | {r['nll_block']:.4f} | {r['nll_change']:+.4f} | "
+            f"{100 * r['coverage_random']:.1f}% | {100 * r['coverage_block']:.1f}% | "
+            f"{100 * r['coverage_change']:+.1f} pp |"
+        )
+    return "\n".join(lines)
 
 
 def _markdown(df: pd.DataFrame) -> str:

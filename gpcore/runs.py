@@ -252,10 +252,7 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
     X = gdf[["lon", "lat"]].to_numpy(dtype=np.float64)
     y = tr.forward(gdf[cfg.y].to_numpy(dtype=np.float64))
     strata = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None
-    if cfg.split == "random":
-        tr_i, va_i, te_i = D.random_split(len(gdf), seed=cfg.seed)
-    else:
-        tr_i, va_i, te_i = D.block_split(X[:, 0], X[:, 1], block_km=cfg.block_km, seed=cfg.seed)
+    tr_i, va_i, te_i = split_indices(cfg, X)
     report = gdf.attrs.get("report")
     weights = run_weights(gdf, cfg.weight)
     return PreparedData(
@@ -273,6 +270,16 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
         report_text=report.to_text() if hasattr(report, "to_text") else "",
         weights=weights,
     )
+
+
+def split_indices(cfg: RunConfig, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Train / validation / test row indices of ``X`` (lon, lat) for ``cfg.split``: a seeded random 8:1:1
+    split, or whole ``cfg.block_km`` squares (:func:`gpcore.data.block_split`)."""
+    from gpcore import data as D
+
+    if cfg.split == "random":
+        return D.random_split(len(X), seed=cfg.seed)
+    return D.block_split(X[:, 0], X[:, 1], block_km=cfg.block_km, seed=cfg.seed)
 
 
 def run_weights(gdf, column: str | None) -> np.ndarray | None:

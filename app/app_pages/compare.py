@@ -1,29 +1,125 @@
-"""Compare: the runs on the current data set, ranked; PI-width violins by stratum; coverage; calibration."""
+"""Compare: the runs on the current data set, ranked; PI-width violins by stratum; coverage; calibration.
+
+Runs are compared within one test-split kind: a random 8:1:1 split (test rows between training rows) or
+spatial blocks (whole squares held out: test rows inside gaps). When the data set has runs of both kinds a
+"Test split" control picks the kind and a table sets each model's random and block results side by side;
+when it has one kind the page says so and shows the command that makes the other.
+"""
 
 from __future__ import annotations
+
+import shlex
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import cache, charts
+from app import cache, charts, state
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
 METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "pi_width_mean", "fit_seconds", "predict_seconds"]
+#: The tables' split column wide enough to read "Spatial blocks (10 km)" whole.
+SPLIT_COLUMN = {"split": st.column_config.TextColumn("split", width="medium")}
 
 
-def pick_runs(runs, data_hash: str) -> list:
+def pick_runs(runs, data_hash: str) -> tuple[list, str]:
+    """The chosen runs, all of one test-split kind, and that kind (:func:`split_key`)."""
     show_all = st.toggle("Include runs on other data sets", value=False, key="w_cmp_all")
     pool = runs if show_all else [r for r in runs if r.data_hash == data_hash]
     if not pool:
         st.info("No runs on the active data set yet: train one on the Train page, or include runs on other data.")
-        return []
+        return [], "random"
+    kind = pick_split(pool)
+    pool = [r for r in pool if split_key(r) == kind]
     titles = cache.run_titles(pool)
     ids = [r.run_id for r in pool]
-    chosen = st.multiselect("Runs", ids, default=ids[:6], format_func=titles.get, key="w_cmp_runs")
+    key = "w_cmp_runs" if kind == "random" else f"w_cmp_runs_{kind}"  # one choice of runs per split kind
+    chosen = st.multiselect("Runs", ids, default=ids[:6], format_func=titles.get, key=key)
     by_id = {r.run_id: r for r in pool}
-    return [by_id[i] for i in chosen]
+    return [by_id[i] for i in chosen], kind
+
+
+def split_key(info) -> str:
+    """A run's test-split kind: ``"random"``, or ``"block:<km>"`` for spatial blocks of that size."""
+    cfg = info.manifest.get("config", {})
+    if cfg.get("split") != "block":
+        return "random"
+    return f"block:{float(cfg.get('block_km', 10.0)):g}"
+
+
+def split_name(kind: str) -> str:
+    """``"Random"`` or ``"Spatial blocks (10 km)"``: the control's option and the tables' ``split`` column."""
+    return "Random" if kind == "random" else f"Spatial blocks ({kind.split(':', 1)[1]} km)"
+
+
+def split_caption(kind: str) -> str:
+    if kind == "random":
+        return ("Test split: **random** 8:1:1 — test rows lie between training rows, so this measures the intervals "
+                "*between* measurements.")
+    km = kind.split(":", 1)[1]
+    return (f"Test split: **spatial blocks of {km} km** — whole {km} km squares held out (8:1:1 by points), so "
+            "test rows lie inside gaps with no training data: the intervals *where nothing was measured*.")
+
+
+def pick_split(pool) -> str:
+    """The "Test split" control when ``pool`` has runs of several split kinds (else a note on making the other)."""
+    kinds = sorted({split_key(r) for r in pool}, key=lambda k: (k != "random", float(k.split(":")[1]) if ":" in k
+                                                                 else 0.0))
+    if len(kinds) > 1:
+        ss = st.session_state
+        if ss.get("ua_cmp_split") not in kinds:
+            ss.ua_cmp_split = kinds[0]
+        return state.bound(st.segmented_control, "Test split", kinds, format_func=split_name, key="w_cmp_split",
+                           state_key="ua_cmp_split", valid=lambda v: v in kinds,
+                           help="Random: test rows between training rows. Spatial blocks: whole squares held out, "
+                                "so test rows lie inside gaps. A model calibrated only between measurements is "
+                                "not calibrated.")
+    kind = kinds[0]
+    other = "block" if kind == "random" else "random"
+    newest = pool[0]
+    cfg = {**newest.manifest.get("config", {}), "split": other, "block_km": 10.0}
+    from gpcore.cli import fit_command
+    from gpcore.store import RunStore
+
+    out = shlex.quote(str(RunStore().root / f"{newest.model}-{other}"))
+    what = ("spatial blocks (test rows inside gaps)" if other == "block" else "a random split")
+    st.info(f"Every run here was tested on one kind of split: **{split_name(kind)}**. To see the models on {what}, "
+            "train with the other split on the Train page (Split), or run:")
+    st.code(fit_command(cfg, out=out), language="bash")
+    return kind
+
+
+def split_summary_table(runs) -> pd.DataFrame:
+    """Each model's newest run per split kind, random vs blocks (:func:`gpcore.compare.split_summary`), from the
+    runs' manifests; empty when no model has runs of both kinds."""
+    from gpcore.compare import split_summary
+
+    rows = []
+    for r in runs:
+        cfg = r.manifest.get("config", {})
+        overall = next((m for m in r.manifest.get("metrics", []) if m.get("group") == "all"), None)
+        if overall is None or overall.get("nll") is None or overall.get("coverage") is None:
+            continue
+        block = cfg.get("split") == "block"
+        rows.append({"model": r.model, "split": "block" if block else "random",
+                     "block_km": float(cfg.get("block_km", 10.0)) if block else np.nan, "group": "all",
+                     "nll": overall["nll"], "coverage": overall["coverage"]})
+    if not rows:
+        return pd.DataFrame()
+    s = split_summary(pd.DataFrame(rows))
+    if s.empty:
+        return s
+    return pd.DataFrame({
+        "model": s["model"],
+        "split": [split_name(f"block:{km:g}") for km in s["block_km"]],
+        "NLL random": s["nll_random"].map("{:.4f}".format),
+        "NLL blocks": s["nll_block"].map("{:.4f}".format),
+        "NLL change": s["nll_change"].map("{:+.4f}".format),
+        "coverage random": s["coverage_random"].map(lambda v: f"{100 * v:.1f}%"),
+        "coverage blocks": s["coverage_block"].map(lambda v: f"{100 * v:.1f}%"),
+        "coverage change": s["coverage_change"].map(lambda v: f"{100 * v:+.1f} pp"),
+    })
 
 
 def names_for(infos) -> dict[str, str]:
@@ -45,7 +141,7 @@ def page() -> None:
     st.title("Compare")
     data: cache.LoadedData = ss.ua_data
     runs = ss.get("ua_runs") or cache.list_runs()
-    infos = pick_runs(runs, data.data_hash)
+    infos, kind = pick_runs(runs, data.data_hash)
     if not infos:
         return
     names = names_for(infos)
@@ -60,6 +156,7 @@ def page() -> None:
         if m.empty:
             continue
         m.insert(0, "model", names[info.run_id])
+        m.insert(1, "split", split_name(split_key(info)))
         m["run"] = cache.run_title(info.run_id, info.manifest)
         metrics.append(m)
     if not metrics:
@@ -75,8 +172,10 @@ def page() -> None:
     overall = table[table.group == "all"].sort_values("nll").reset_index(drop=True)
     overall.insert(0, "rank", np.arange(1, len(overall) + 1))
     st.subheader("Ranking")
-    st.dataframe(charts.format_metrics(overall[["rank", "model", *[c for c in METRIC_COLS if c in overall], "run"]]),
-                 hide_index=True, width="stretch")
+    st.markdown(split_caption(kind))
+    st.dataframe(charts.format_metrics(overall[["rank", "model", "split", *[c for c in METRIC_COLS if c in overall],
+                                                "run"]]),
+                 hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     from gpcore.runs import NO_RECAL
 
     is_before = table.group.astype(str).str.endswith(NO_RECAL)
@@ -86,15 +185,24 @@ def page() -> None:
         st.subheader("Per stratum")
         order = {m: i for i, m in enumerate(overall["model"])}
         per = per.assign(_o=per["model"].map(order)).sort_values(["group", "_o"]).drop(columns="_o")
-        st.dataframe(charts.format_metrics(per[["group", "model", *[c for c in METRIC_COLS if c in per]]]),
-                     hide_index=True, width="stretch")
+        st.dataframe(charts.format_metrics(per[["group", "model", "split", *[c for c in METRIC_COLS if c in per]]]),
+                     hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
         st.subheader("Without recalibration")
         st.caption(f"{', '.join(recal)}: variances rescaled per stratum on the validation split (the tables above); "
                    "here the same test rows before that.")
-        st.dataframe(charts.format_metrics(before[["group", "model", *[c for c in METRIC_COLS if c in before]]]),
-                     hide_index=True, width="stretch")
+        st.dataframe(charts.format_metrics(before[["group", "model", "split",
+                                                   *[c for c in METRIC_COLS if c in before]]]),
+                     hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
+    on_data = [r for r in runs if r.data_hash == data.data_hash]
+    summary = split_summary_table(on_data)
+    if not summary.empty:
+        st.subheader("Random vs spatial blocks")
+        st.caption("Each model's newest run on this data set per test split: overall test NLL and 95% coverage, and "
+                   "the change (blocks − random). Coverage that drops on blocks means intervals calibrated only "
+                   "between measurements.")
+        st.dataframe(summary, hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
 
     tests = []
     for info in infos:

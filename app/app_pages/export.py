@@ -68,23 +68,9 @@ def page() -> None:
 
 def cli_command(cfg: dict) -> str:
     """The ``python -m gpcore fit`` command that reproduces a run's configuration."""
-    parts = ["python -m gpcore fit", f"--data {cfg.get('data')}", f"--y {cfg.get('y')}"]
-    if cfg.get("x"):
-        parts.append(f"--x {','.join(cfg['x'])}")
-    for key, flag in (("transform", "--transform"), ("quarter", "--quarter"), ("weight", "--weight"),
-                      ("strata", "--strata")):
-        if cfg.get(key) not in (None, "", "identity"):
-            parts.append(f"{flag} {cfg[key]}")
-    if cfg.get("split", "random") != "random":
-        parts.append(f"--split {cfg['split']} --block-km {cfg.get('block_km', 10.0):g}")
-    parts.append(f"--seed {cfg.get('seed', 0)}")
-    if cfg.get("grid_cell_km"):
-        parts.append(f"--cell-km {cfg['grid_cell_km']:g}")
-    parts.append(f"--model {cfg.get('model')}")
-    for k, v in (cfg.get("settings") or {}).items():
-        parts.append(f"--set {k}={v}")
-    parts.append("--out runs/reproduced")
-    return " \\\n    ".join(parts)
+    from gpcore.cli import fit_command
+
+    return fit_command(cfg, out="runs/reproduced")
 
 
 page()

@@ -134,7 +134,11 @@ def page() -> None:
     st.markdown("**Split, seed and grid**")
     c = st.columns(4)
     split = c[0].selectbox("Split (8:1:1)", ["random", "block"], key="w_split",
-                           format_func=lambda s: {"random": "random", "block": "spatial blocks"}[s])
+                           format_func=lambda s: {"random": "random", "block": "spatial blocks"}[s],
+                           help="The test split the run's metrics come from. Random: test rows lie between training "
+                                "rows. Spatial blocks: whole squares of the block size are held out, so test rows "
+                                "lie inside gaps (how the intervals do where nothing was measured). Compare shows "
+                                "the two kinds apart.")
     block_km = c[1].number_input("Block size (km)", min_value=0.5, value=10.0, step=1.0, key="w_block_km",
                                  disabled=split != "block")
     seed = int(c[2].number_input("Seed", min_value=0, value=0, step=1, key="w_seed"))

@@ -22,11 +22,11 @@ def sidebar_text(at: AppTest) -> str:
     return "\n".join(m.value for m in at.sidebar.markdown)
 
 
-def n_runs() -> int:
-    """Runs in the test store plus the bundled ready run(s)."""
+def n_runs(split: str | None = None) -> int:
+    """Runs in the test store plus the bundled ready run(s) (only those tested on ``split``, if given)."""
     from gpcore.store import RunStore
 
-    return len(RunStore().list())
+    return len([r for r in RunStore().list() if split in (None, r.manifest["config"].get("split", "random"))])
 
 
 def test_every_page_renders_on_the_sample(app, store):
@@ -140,7 +140,9 @@ def test_compare_draws_violins_for_two_runs(app, store):
     strata = {t["name"] for t in traces}
     assert {"metro (urban)", "non-metro (rural)"} <= strata, strata
     ranking = app.dataframe[0].value
-    assert len(ranking) == n_runs() and list(ranking["rank"]) == list(range(1, n_runs() + 1))
+    n = n_runs("random")  # the page compares one test-split kind at a time, random first
+    assert len(ranking) == n and list(ranking["rank"]) == list(range(1, n + 1))
+    assert set(ranking["split"]) == {"Random"}
     assert {"mae", "rmse", "nll", "crps", "coverage", "pi_width_mean"} <= set(ranking.columns)
     # strata runs are recalibrated per stratum: the page shows their metrics before recalibration too
     assert "Without recalibration" in [h.value for h in app.subheader]

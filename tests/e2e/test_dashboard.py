@@ -56,7 +56,7 @@ def test_first_open_shows_a_ready_comparison(server, page):
     no_exception(page)
     sidebar = page.get_by_test_id("stSidebar").inner_text()
     assert "Puerto Rico" in sidebar
-    assert re.search(r"\d+ in the store, 3 on this data set", sidebar), sidebar
+    assert re.search(r"\d+ in the store, 6 on this data set", sidebar), sidebar  # 3 random + 3 spatial-block runs
     page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
     models = ranking_models(page)
     assert set(BUNDLED) <= set(models), models

@@ -70,8 +70,10 @@ def test_compare_writes_ranked_tables(csv_file, tmp_path):
     assert rc == 0
     table = pd.read_csv(out / "metrics.csv")
     assert set(table["model"]) == {"dbk-silu", "dbk-rbf"}
-    overall = table[table.group == "all"].sort_values("rank")
-    assert overall["nll"].is_monotonic_increasing
+    assert set(table["split"]) == {"random", "block"}, "compare evaluates both splits by default"
+    for split in ("random", "block"):  # ranked within each split (tests/gpcore/test_compare.py has the rest)
+        overall = table[(table.group == "all") & (table.split == split)].sort_values("rank")
+        assert overall["nll"].is_monotonic_increasing and list(overall["rank"]) == [1, 2]
     assert {"mae", "rmse", "nll", "crps", "coverage", "pi_width_mean", "pi_width_median", "fit_seconds",
             "predict_seconds"} <= set(table.columns)
     assert (out / "metrics.md").read_text().startswith("# Model comparison")

@@ -23,7 +23,7 @@ def ident(**changes) -> str | None:
 def test_identity_ignores_the_model_and_split_but_not_the_spec():
     a = ident()
     assert a is not None and len(a) == 16
-    assert ident(model="svgp", seed=3, split="block", settings={"epochs": 2}) == a
+    assert ident(model="svgp", seed=3, split="block", block_km=5.0, settings={"epochs": 2}) == a
     for change in (dict(transform="identity"), dict(quarter="2022"), dict(y="upload_mbps"), dict(strata=None),
                    dict(weight="tests"), dict(x=("lon", "lat"))):
         assert ident(**change) != a, change

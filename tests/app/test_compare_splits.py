@@ -1,0 +1,108 @@
+"""The Compare page keeps random and spatial-block test splits apart: a "Test split" control, the split named in
+every table row and caption, a random-vs-blocks table, and a note with the command when only one kind exists."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import APP, TIMEOUT, tiny_config
+
+BLOCK_RUNS = {"20240101-000002-000-dbk-rbf-block": "dbk-rbf", "20240101-000003-000-dbk-silu-block": "dbk-silu"}
+
+
+@pytest.fixture(scope="session")
+def split_store(trained_store, tmp_path_factory) -> Path:
+    """The two random tiny runs plus the same models on 10 km spatial blocks (no grid: Compare needs none)."""
+    from gpcore.runs import execute_run
+
+    store = tmp_path_factory.mktemp("split-runs")
+    shutil.copytree(trained_store, store, dirs_exist_ok=True)
+    for run_id, model in BLOCK_RUNS.items():
+        execute_run(tiny_config(model, seed=0, split="block", block_km=10.0, grid_kind="none",
+                                label=f"{model} tiny"), store / run_id)
+    return store
+
+
+def use_store(src: Path, tmp_path, monkeypatch) -> Path:
+    """``src`` copied as ``UA_RUN_STORE``, without the bundled runs (so the runs here are all there is)."""
+    path = tmp_path / "runs"
+    shutil.copytree(src, path)
+    (tmp_path / "no-bundled").mkdir()
+    monkeypatch.setattr("gpcore.store.BUNDLED_RUNS", tmp_path / "no-bundled")
+    monkeypatch.setenv("UA_RUN_STORE", str(path))
+    monkeypatch.setenv("UA_TORCH_THREADS", "1")
+    return path
+
+
+def overall_nll(store: Path, run_id: str) -> float:
+    manifest = json.loads((store / run_id / "run.json").read_text())
+    return next(m["nll"] for m in manifest["metrics"] if m["group"] == "all")
+
+
+def compare_page(store_env) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page("app_pages/compare.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(at) -> str:
+    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption])
+
+
+def test_the_split_control_switches_every_table_between_random_and_blocks(split_store, tmp_path, monkeypatch):
+    store = use_store(split_store, tmp_path, monkeypatch)
+    at = compare_page(store)
+    control = at.segmented_control(key="w_cmp_split")
+    assert control.options == ["Random", "Spatial blocks (10 km)"] and control.value == "random"
+    ranking = at.dataframe[0].value
+    assert set(ranking["split"]) == {"Random"} and set(ranking["model"]) == {"dbk-rbf", "dbk-silu"}
+    assert float(ranking.set_index("model").loc["dbk-rbf", "nll"]) == pytest.approx(
+        overall_nll(store, "20240101-000000-000-dbk-rbf"), abs=1e-4)
+    assert "Test split: **random** 8:1:1" in texts(at)
+    assert set(at.dataframe[1].value["split"]) == {"Random"}, "the per-stratum rows name their split too"
+
+    # both kinds exist: the random-vs-blocks table sets each model's two runs side by side
+    heads = [h.value for h in at.subheader]
+    assert "Random vs spatial blocks" in heads
+    summary = at.dataframe[heads.index("Random vs spatial blocks")].value.set_index("model")  # one table each
+    for random_id, block_id, model in (("20240101-000000-000-dbk-rbf", "20240101-000002-000-dbk-rbf-block", "dbk-rbf"),
+                                       ("20240101-000001-000-dbk-silu", "20240101-000003-000-dbk-silu-block",
+                                        "dbk-silu")):
+        r, b = overall_nll(store, random_id), overall_nll(store, block_id)
+        row = summary.loc[model]
+        assert row["split"] == "Spatial blocks (10 km)"
+        assert row["NLL random"] == f"{r:.4f}" and row["NLL blocks"] == f"{b:.4f}"
+        assert row["NLL change"] == f"{b - r:+.4f}"
+
+    at.segmented_control(key="w_cmp_split").set_value("block:10").run()
+    assert not at.exception, [e.value for e in at.exception]
+    ranking = at.dataframe[0].value
+    assert set(ranking["split"]) == {"Spatial blocks (10 km)"} and set(ranking["model"]) == {"dbk-rbf", "dbk-silu"}
+    assert float(ranking.set_index("model").loc["dbk-rbf", "nll"]) == pytest.approx(
+        overall_nll(store, "20240101-000002-000-dbk-rbf-block"), abs=1e-4)
+    assert ranking["run"].str.contains("spatial blocks 10 km").all(), "run titles say which split they were tested on"
+    assert "Test split: **spatial blocks of 10 km**" in texts(at)
+    assert "Test split: **random**" not in texts(at)
+    assert at.segmented_control(key="w_cmp_split").value == "block:10", "the control does not spring back"
+    violins = [json.loads(c.proto.spec) for c in at.get("plotly_chart") if '"violin"' in c.proto.spec]
+    assert violins and {x for t in violins[0]["data"] for x in t["x"]} == {"dbk-rbf", "dbk-silu"}
+
+
+def test_one_split_kind_says_so_and_shows_the_command_for_the_other(trained_store, tmp_path, monkeypatch):
+    store = use_store(trained_store, tmp_path, monkeypatch)
+    at = compare_page(store)
+    assert not at.get("segmented_control"), "no control with one split kind"
+    notes = [i.value for i in at.info]
+    assert any("tested on one kind of split: **Random**" in n for n in notes), notes
+    code = "\n".join(c.value for c in at.code)
+    assert "python -m gpcore fit" in code and "--split block --block-km 10" in code
+    assert f"--out {store}/" in code, "the command writes into the run store the dashboard reads"
+    assert set(at.dataframe[0].value["split"]) == {"Random"}
+    assert "Random vs spatial blocks" not in [h.value for h in at.subheader]

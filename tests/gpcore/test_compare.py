@@ -1,0 +1,174 @@
+"""`python -m gpcore compare` on random AND spatial-block splits: runs, tables ranked per split, the summary."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpcore.cli import main
+from gpcore.compare import compare_models, rank_within_splits, split_label, split_summary
+from gpcore.data import synthetic
+from gpcore.data.splits import block_ids
+from gpcore.runs import RunConfig
+
+FAST = ["--set", "epochs=2", "--set", "dbk-silu.rank=8", "--set", "dbk-silu.hidden=8", "--set", "batch_size=256",
+        "--set", "svgp.num_inducing=16"]
+MODELS = "dbk-silu,svgp"
+BLOCK_KM = 50.0  # the synthetic points spread over ~400 x 430 km: 64 occupied blocks
+
+
+@pytest.fixture(scope="module")
+def csv_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cmp") / "speeds.csv"
+    df = synthetic.synthetic_ookla(n=600, seed=3)
+    df["download_mbps"] = df["avg_d_kbps"] / 1000
+    df.drop(columns=["quadkey"]).to_csv(path, index=False)
+    return path
+
+
+def compare_args(csv_file, out, *extra):
+    return ["compare", "--data", str(csv_file), "--y", "download_mbps", "--transform", "log10", "--models", MODELS,
+            "--strata", "column:county_metro", "--grid", "none", "--block-km", f"{BLOCK_KM:g}", "--out", str(out),
+            *FAST, *extra]
+
+
+@pytest.fixture(scope="module")
+def both(csv_file, tmp_path_factory):
+    """One default compare: both splits."""
+    out = tmp_path_factory.mktemp("cmp") / "both"
+    assert main(compare_args(csv_file, out)) == 0
+    return out
+
+
+def strict_json(text: str):
+    def no_constant(c):
+        raise AssertionError(f"metrics.json holds a bare {c}")
+
+    return json.loads(text, parse_constant=no_constant)
+
+
+def test_compare_fits_every_model_on_both_splits_by_default(both):
+    for split in ("random", "block"):
+        for model in MODELS.split(","):
+            manifest = json.loads((both / "runs" / split / model / "run.json").read_text())
+            assert manifest["config"]["split"] == split and manifest["config"]["model"] == model
+            assert manifest["config"]["block_km"] == BLOCK_KM
+            assert split in manifest["label"], "the run's title says which split it was tested on"
+    table = pd.read_csv(both / "metrics.csv")
+    assert set(zip(table["split"], table["model"], strict=True)) == {
+        (s, m) for s in ("random", "block") for m in MODELS.split(",")}
+    assert table.loc[table.split == "block", "block_km"].eq(BLOCK_KM).all()
+    assert table.loc[table.split == "random", "block_km"].isna().all()
+    assert list(dict.fromkeys(table["split"])) == ["random", "block"], "rows grouped by split, random first"
+    # the runs' own metrics are what the table holds
+    for split in ("random", "block"):
+        own = pd.read_csv(both / "runs" / split / "svgp" / "metrics.csv").set_index("group")["nll"]
+        rows = table[(table.split == split) & (table.model == "svgp")].set_index("group")["nll"]
+        pd.testing.assert_series_equal(rows.sort_index(), own.sort_index(), check_names=False)
+
+
+def test_ranking_is_within_each_split(both):
+    table = pd.read_csv(both / "metrics.csv")
+    for split in ("random", "block"):
+        overall = table[(table.split == split) & (table.group == "all")].sort_values("rank")
+        assert list(overall["rank"]) == [1, 2]
+        assert overall["nll"].is_monotonic_increasing
+        # every row of a model carries its rank within this split
+        part = table[table.split == split]
+        for model, rank in zip(overall["model"], overall["rank"], strict=True):
+            assert part.loc[part.model == model, "rank"].eq(rank).all()
+
+
+def test_block_test_rows_are_whole_blocks_away_from_training(both, csv_file):
+    """No test row of the block split shares its block with a training or validation row (the random split's do)."""
+    data = pd.read_csv(csv_file)
+    ids = pd.Series(block_ids(data["lon"].to_numpy(), data["lat"].to_numpy(), BLOCK_KM),
+                    index=pd.MultiIndex.from_arrays([data["lon"].round(9), data["lat"].round(9)]))
+    shared = {}
+    for split in ("random", "block"):
+        test = pd.read_parquet(both / "runs" / split / "svgp" / "test_predictions.parquet")
+        key = pd.MultiIndex.from_arrays([test["lon"].round(9), test["lat"].round(9)])
+        assert key.isin(ids.index).all() and len(test) > 40
+        test_blocks = set(ids.loc[key])
+        other_blocks = set(ids[~ids.index.isin(key)])
+        shared[split] = test_blocks & other_blocks
+    assert not shared["block"], f"blocks split between test and training: {sorted(shared['block'])[:5]}"
+    assert shared["random"], "a random split puts test rows in training blocks (else this check proves nothing)"
+
+
+def test_outputs_name_each_split_and_summarise_the_change(both):
+    table = pd.read_csv(both / "metrics.csv")
+    summary = pd.read_csv(both / "split_summary.csv")
+    assert sorted(summary["model"]) == sorted(MODELS.split(",")) and set(summary["split"]) == {f"block {BLOCK_KM:g} km"}
+    for _, row in summary.iterrows():
+        r = table[(table.model == row.model) & (table.group == "all") & (table.split == "random")].iloc[0]
+        b = table[(table.model == row.model) & (table.group == "all") & (table.split == "block")].iloc[0]
+        assert row.nll_random == pytest.approx(r.nll) and row.nll_block == pytest.approx(b.nll)
+        assert row.nll_change == pytest.approx(b.nll - r.nll)
+        assert row.coverage_change == pytest.approx(b.coverage - r.coverage)
+    doc = strict_json((both / "metrics.json").read_text())
+    assert doc["splits"] == ["random", "block"]
+    assert {m["split"] for m in doc["metrics"]} == {"random", "block"}
+    assert len(doc["split_summary"]) == len(summary)
+    md = (both / "metrics.md").read_text()
+    assert md.startswith("# Model comparison")
+    i_random, i_block, i_summary = (md.index("## Random split"), md.index("## Spatial blocks"),
+                                    md.index("## Random vs spatial blocks"))
+    assert i_random < i_block < i_summary
+    first = summary.iloc[0]
+    assert f"| {first.model} | block {BLOCK_KM:g} km | {first.nll_random:.4f} | {first.nll_block:.4f} |" in md
+
+
+def test_one_split_alone_keeps_the_old_behaviour(csv_file, tmp_path):
+    out = tmp_path / "random"
+    assert main(compare_args(csv_file, out, "--splits", "random")) == 0
+    table = pd.read_csv(out / "metrics.csv")
+    assert set(table["split"]) == {"random"} and not (out / "split_summary.csv").exists()
+    assert "## Random vs spatial blocks" not in (out / "metrics.md").read_text()
+    assert not (out / "runs" / "block").exists()
+    # the Python API without splits= evaluates the base config's split only (as benchmarks call it)
+    base = RunConfig(data=str(csv_file), y="download_mbps", transform="log10", split="block", block_km=BLOCK_KM,
+                     grid_kind="none", settings={"epochs": 2, "num_inducing": 16})
+    api = compare_models(base, ["svgp"], tmp_path / "api", log=lambda m: None)
+    assert set(api["split"]) == {"block"} and (tmp_path / "api" / "runs" / "block" / "svgp" / "run.json").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--splits", "random,holdout"], "give one or both of 'random' and 'block'"),
+    (["--splits", "block,block"], "each once"),
+    (["--split", "random", "--splits", "block"], "disagree"),
+])
+def test_bad_splits_are_an_error_naming_the_fix(csv_file, tmp_path, capsys, extra, message):
+    assert main(compare_args(csv_file, tmp_path / "bad", *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad" / "runs").exists()
+
+
+def test_too_large_blocks_say_how_to_fix_it(csv_file, tmp_path, capsys):
+    args = compare_args(csv_file, tmp_path / "huge", "--splits", "random,block")
+    args[args.index("--block-km") + 1] = "5000"
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--block-km" in err and "--splits random" in err
+
+
+def test_summary_and_ranking_of_a_hand_made_table():
+    rows = []
+    for split, km, nlls, covs in (("random", np.nan, (0.5, 0.4), (0.95, 0.96)), ("block", 10.0, (0.6, 0.9),
+                                                                                  (0.9, 0.8))):
+        for model, nll, cov in zip(("a", "b"), nlls, covs, strict=True):
+            rows.append(dict(model=model, split=split, block_km=km, group="all", nll=nll, coverage=cov))
+            rows.append(dict(model=model, split=split, block_km=km, group="rural", nll=nll + 1, coverage=cov))
+    table = rank_within_splits(pd.DataFrame(rows), ["random", "block"])
+    overall = table[table.group == "all"]
+    assert list(zip(overall.split, overall.model, overall["rank"], strict=True)) == [
+        ("random", "b", 1), ("random", "a", 2), ("block", "a", 1), ("block", "b", 2)]
+    s = split_summary(table).set_index("model")
+    assert s.loc["a", "split"] == "block 10 km"
+    assert s.loc["a", "nll_change"] == pytest.approx(0.1) and s.loc["b", "nll_change"] == pytest.approx(0.5)
+    assert s.loc["b", "coverage_change"] == pytest.approx(-0.16)
+    assert split_summary(table[table.split == "random"]).empty
+    assert split_label("random", 10) == "random" and split_label("block", 2.5) == "block 2.5 km"
