@@ -649,6 +649,14 @@ def st_area_labels(path: str, stamp: float, source: str) -> np.ndarray:
     return decide.assign_areas(g["lon"].to_numpy(), g["lat"].to_numpy(), decide.bundled_counties(state_code), "NAME")
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def st_joint_unavailable(path: str, stamp: float) -> str | None:
+    """Why the run's model has no joint posterior (vecchia, dbk-nn), or None when it has one."""
+    from gpcore.posterior import joint_unavailable
+
+    return joint_unavailable(st_model(path, stamp))
+
+
 @st.cache_data(show_spinner="Computing the areas' posteriors ...", max_entries=8)
 def st_areas(path: str, stamp: float, source: str, weights: str, threshold: float, units: str,
              samples: int = 0) -> pd.DataFrame:

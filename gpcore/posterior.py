@@ -338,5 +338,15 @@ def _kernel_diag(res: Residual, a: torch.Tensor) -> torch.Tensor:
 
 
 def joint_posterior(model) -> JointPosterior:
-    """The :class:`JointPosterior` of a fitted model (every registered model has a feature form)."""
+    """The :class:`JointPosterior` of a fitted model (InputError for ``vecchia`` and ``dbk-nn``: no feature form)."""
     return JointPosterior(model)
+
+
+def joint_unavailable(model) -> str | None:
+    """Why ``model`` has no joint posterior (the message :class:`JointPosterior` would raise), or None when it has
+    one. For callers that show the joint sections only where they exist (the Decide page)."""
+    try:
+        model._feature_form()
+    except InputError as e:
+        return str(e)
+    return None

@@ -282,6 +282,11 @@ def page() -> None:
     st.caption(f"model `{run.model}` · {len(run.grid):,} grid cells · from the run's stored grid and model")
     t, units, direction = threshold_controls(run)
     exceedance_section(run, key, t, units, direction)
+    reason = cache.st_joint_unavailable(*key)
+    if reason:
+        st.warning(f"Areas, plausible maps and where to measure next need the joint posterior, which this run's "
+                   f"model does not give. {reason}")
+        return
     areas_section(run, key, t, units)
     samples_section(run, key)
     suggest_section(run, key, t, units)

@@ -152,3 +152,31 @@ def test_maps_draws_p_below_at_the_decide_threshold(app, store):
     # back on Decide the threshold is still 12
     app.switch_page("app_pages/decide.py").run()
     assert app.number_input(key="w_decide_threshold").value == 12.0
+
+
+def test_a_run_without_a_joint_posterior_keeps_the_page_and_says_why(app, store):
+    """vecchia (and dbk-nn) give marginals only: the exceedance map still draws from them, and one note in place
+    of the joint sections (areas, plausible maps, suggestions) says why, instead of the page failing."""
+    from app.state import DatasetSpec
+    from gpcore.runs import execute_run
+
+    run_id = "20240101-000002-000-vecchia"
+    cfg = DatasetSpec().run_config(model="vecchia", settings={"epochs": 2, "neighbors": 8}, grid_cell_km=4.0,
+                                   label="vecchia tiny")
+    execute_run(cfg, store / run_id)
+    app.query_params["run"] = run_id
+    app.run()
+    app.switch_page("app_pages/decide.py").run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert app.session_state["ua_run"] == run_id
+    maps = gridmaps(app)
+    assert f"exceed_{run_id}" in maps, "the exceedance map needs only the marginals"
+    assert not any(k.startswith("sample_") for k in maps)
+    assert not app.error, [e.value for e in app.error]
+    notes = [w.value for w in app.warning if "no feature form" in w.value]
+    assert len(notes) == 1 and "Areas, plausible maps and where to measure next" in notes[0], notes
+    assert [s.value for s in app.subheader] == ["P(download_mbps below 35 Mbps)"], "no joint sections"
+    # the threshold still redraws the exceedance map
+    app.number_input(key="w_decide_threshold").set_value(10.0).run()
+    assert not app.exception and not app.error
+    assert [s.value for s in app.subheader] == ["P(download_mbps below 10 Mbps)"]
