@@ -1,0 +1,57 @@
+"""Headless Chromium: train dbk-nn (DBK + nearest-neighbour residual) from the Train page, then use it like any
+run — its maps take clicks, the PI-width map shows, and Decide says why its joint sections are absent.
+
+Screenshots: ``test-artifacts/maps-dbk-nn.png``, ``test-artifacts/decide-dbk-nn.png``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.e2e.helpers import (
+    choose,
+    click_grid,
+    expect_legend,
+    nav,
+    no_exception,
+    screenshot,
+    segment,
+    set_number,
+    settle,
+    wait_grid_drawn,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_dbk_nn_trains_from_the_page_and_its_run_is_usable(server, page):
+    page.goto(server + "/train")
+    page.get_by_role("heading", name="Train", exact=True).wait_for(timeout=120_000)
+    settle(page)
+    choose(page, "Model", re.compile(r"^dbk-nn — "))
+    no_exception(page)
+    for label, value in (("dbk epochs", 2), ("epochs", 3), ("dbk rank", 16), ("neighbors", 10)):
+        set_number(page, label, value)
+    set_number(page, "Grid cell (km, 0 = auto)", 4)
+    page.get_by_role("button", name="Train", exact=True).click()
+    page.get_by_text("is in the run store", exact=False).wait_for(timeout=300_000)
+    settle(page)
+    no_exception(page)
+
+    nav(page, "Maps")
+    wait_grid_drawn(page)
+    body = page.get_by_test_id("stMain").inner_text()
+    assert "dbk-nn" in body and "nearest-neighbour residual" in body, "the run and its uncertainty note"
+    seen = {click_grid(page, fx, fy) for fx, fy in ((0.5, 0.5), (0.4, 0.45))}
+    assert len(seen) == 2, seen
+    segment(page, "Map", "95% PI width")
+    expect_legend(page, "95% prediction-interval width (log10(Mbps))")
+    screenshot(page, "maps-dbk-nn.png")
+
+    nav(page, "Decide")
+    page.get_by_text("need the joint posterior", exact=False).wait_for(timeout=60_000)
+    no_exception(page)
+    assert page.get_by_role("button", name="Suggest sites", exact=True).count() == 0
+    screenshot(page, "decide-dbk-nn.png")
