@@ -193,7 +193,9 @@ def run_heaton(args, smoke: bool = False) -> int:
     for name in models:
         settings = {**(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
         add(name, fit_predict(name, settings, Xtr, ytr, Xva, yva, Xt, seed=args.seed))
-    if gpboost_available():
+    if args.no_peer:
+        print("--no-peer: no GPBoost row (compare with a run that has one)")
+    elif gpboost_available():
         add("GPBoost vecchia", gpboost_vecchia(Xtr, ytr, Xt))
     else:
         print("GPBoost not installed (pip install gpboost): no peer row")
@@ -228,6 +230,7 @@ def main(argv=None) -> int:
                     help="--data heaton: validation cells, a seeded random 5 %% or 10 km blocks adding up to 5 %%")
     ap.add_argument("--seed", type=int, default=0, help="--data heaton: seed of subsample, validation and models")
     ap.add_argument("--set", action="append", default=[], help="--data heaton: MODEL.KEY=VALUE, e.g. vecchia.epochs=50")
+    ap.add_argument("--no-peer", action="store_true", help="--data heaton: skip GPBoost (variants of gpcore models)")
     args = ap.parse_args(argv)
     if args.data == "heaton" and not args.smoke:
         return run_heaton(args)

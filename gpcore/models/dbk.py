@@ -391,7 +391,7 @@ class DBK(GPModel):
             features=lambda xs: mod.features(xs, Lz).double(),
             mean=m.detach().double(),
             factor=F.detach().double(),
-            mu0=float(mod.mu0),
+            mu0=float(mod.mu0.detach()),
             note="degenerate kernel phi^T phi': the weight posterior is the whole posterior",
         )
 
