@@ -57,7 +57,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -344,10 +343,8 @@ class DBKNN(VecchiaGP):
 
     def _predict_f(self, xb):
         mod = self.module_
-        n = mod.X_train.shape[0]
-        k = min(self.config.pred_neighbors or self.config.neighbors, n)
-        _, idx = self._neighbor_tree().query(xb.detach().double().cpu().numpy(), k=k)
-        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
+        idx = self._prediction_neighbors(xb)
+        k = idx.shape[1]
         Phi = self._phi_train()
         a = mod.fscale.double()
         w_hat, F = mod.post_m.double(), mod.post_F.double()
@@ -360,11 +357,8 @@ class DBKNN(VecchiaGP):
             phi = self._phi_of(x)
             Xg = torch.cat([mod.X_train[N], x[:, None, :]], dim=1).double()
             valid = torch.ones(N.shape[0], k + 1, dtype=torch.bool, device=xb.device)
-            noise = self._group_noise(N)
-            if noise is not None:  # the new point's own entry only sets L_mm, which is not used
-                noise = torch.cat([noise, noise[:, :1]], dim=1)
             L, _ = _conditional_terms(mod, Xg, torch.zeros(Xg.shape[:2], dtype=torch.float64, device=xb.device),
-                                      valid, noise)
+                                      valid, self._prediction_noise(N))
             l_row = L[:, -1, :-1]
             t = torch.linalg.solve_triangular(L[:, :-1, :-1].transpose(-1, -2), l_row.unsqueeze(-1),
                                               upper=True).squeeze(-1)  # C_NN^{-1} k_Nx

@@ -412,12 +412,22 @@ class VecchiaGP(GPModel):
             self._tree = tree
         return tree
 
+    def _prediction_neighbors(self, xb: torch.Tensor) -> torch.Tensor:
+        """Indices (``b x k``, nearest first) of the ``pred_neighbors`` nearest ordered training points."""
+        k = min(self.config.pred_neighbors or self.config.neighbors, self.module_.X_train.shape[0])
+        _, idx = self._neighbor_tree().query(xb.detach().double().cpu().numpy(), k=k)
+        return torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
+
+    def _prediction_noise(self, N: torch.Tensor) -> torch.Tensor | None:
+        """Noise of the groups ``[N, x]`` (None when unweighted); the new point's own entry only sets ``L_mm``,
+        which prediction does not use."""
+        noise = self._group_noise(N)
+        return None if noise is None else torch.cat([noise, noise[:, :1]], dim=1)
+
     def _predict_f(self, xb):
         mod = self.module_
-        n = mod.X_train.shape[0]
-        k = min(self.config.pred_neighbors or self.config.neighbors, n)
-        _, idx = self._neighbor_tree().query(xb.detach().double().cpu().numpy(), k=k)
-        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
+        idx = self._prediction_neighbors(xb)
+        k = idx.shape[1]
         means, vars_ = [], []
         cs = self.config.chunk_size
         for i in range(0, xb.shape[0], cs):
@@ -428,10 +438,7 @@ class VecchiaGP(GPModel):
             valid = torch.ones(N.shape[0], k + 1, dtype=torch.bool, device=xb.device)
             Xg = torch.cat([XN, x[:, None, :]], dim=1)
             zg = torch.cat([z, torch.zeros_like(z[:, :1])], dim=1)
-            noise = self._group_noise(N)
-            if noise is not None:  # the new point's own entry only sets L_mm, which is not used
-                noise = torch.cat([noise, noise[:, :1]], dim=1)
-            L, v = _conditional_terms(mod, Xg, zg, valid, noise)
+            L, v = _conditional_terms(mod, Xg, zg, valid, self._prediction_noise(N))
             # last row of L: [l^T, L_mm] with l = L_NN^{-1} k_Nx and L_mm^2 = k_xx + s2 - |l|^2
             l_row = L[:, -1, :-1]
             means.append(mod.mu0.double() + (l_row * v[:, :-1]).sum(-1))

@@ -106,6 +106,17 @@ def set_number(page, label: str, value) -> None:
     settle(page)
 
 
+def train_from_page(page, settings, cell_km: float, timeout_ms: int = 300_000) -> None:
+    """On the Train page: set the model's number settings (``(label, value)`` pairs) and the grid cell, press
+    Train and wait until the run is in the store."""
+    for label, value in settings:
+        set_number(page, label, value)
+    set_number(page, "Grid cell (km, 0 = auto)", cell_km)
+    page.get_by_role("button", name="Train", exact=True).click()
+    page.get_by_text("is in the run store", exact=False).wait_for(timeout=timeout_ms)
+    settle(page)
+
+
 def legend_titles(page) -> list[str]:
     return page.locator(".ua-legend > div:first-child").all_inner_texts()
 

@@ -18,8 +18,8 @@ from tests.e2e.helpers import (
     no_exception,
     screenshot,
     segment,
-    set_number,
     settle,
+    train_from_page,
     wait_grid_drawn,
 )
 
@@ -32,12 +32,7 @@ def test_dbk_nn_trains_from_the_page_and_its_run_is_usable(server, page):
     settle(page)
     choose(page, "Model", re.compile(r"^dbk-nn — "))
     no_exception(page)
-    for label, value in (("dbk epochs", 2), ("epochs", 3), ("dbk rank", 16), ("neighbors", 10)):
-        set_number(page, label, value)
-    set_number(page, "Grid cell (km, 0 = auto)", 4)
-    page.get_by_role("button", name="Train", exact=True).click()
-    page.get_by_text("is in the run store", exact=False).wait_for(timeout=300_000)
-    settle(page)
+    train_from_page(page, (("dbk epochs", 2), ("epochs", 3), ("dbk rank", 16), ("neighbors", 10)), cell_km=4)
     no_exception(page)
 
     nav(page, "Maps")

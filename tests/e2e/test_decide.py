@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.e2e.test_dashboard import nav, screenshot, set_number, settle
+from tests.e2e.helpers import train_from_page
+from tests.e2e.test_dashboard import nav, screenshot, settle
 
 pytestmark = pytest.mark.e2e
 
@@ -40,12 +41,8 @@ def test_decide_page_in_the_browser(server, page):
     page.get_by_test_id("stSidebar").get_by_text("Puerto Rico", exact=False).first.wait_for(timeout=120_000)
     settle(page)
     nav(page, "Train")
-    for label, value in (("epochs", 2), ("rank", 16), ("hidden", 16), ("batch size", 2048)):
-        set_number(page, label, value)
-    set_number(page, "Grid cell (km, 0 = auto)", 4)
-    page.get_by_role("button", name="Train", exact=True).click()
-    page.get_by_text("is in the run store", exact=False).wait_for(timeout=150_000)
-    settle(page)
+    train_from_page(page, (("epochs", 2), ("rank", 16), ("hidden", 16), ("batch size", 2048)), cell_km=4,
+                    timeout_ms=150_000)
 
     nav(page, "Decide")
     frames = grid_frames(page)
