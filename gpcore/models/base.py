@@ -31,6 +31,7 @@ weights of the rows being processed and :meth:`GPModel._noise_rows` gives their 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -558,11 +559,8 @@ class GPModel:
         if self.needs_finalize:
             self.module_.eval()
             self._check_weights(ws)
-            prev, self._wb = self._wb, ws
-            try:
+            with self.row_weights(ws):
                 self._finalize(Xs, ys)
-            finally:
-                self._wb = prev
 
     # ---------------------------------------------------------------- per-observation weights
     @property
@@ -607,9 +605,16 @@ class GPModel:
 
     def _noise_of(self, w: torch.Tensor | None) -> torch.Tensor:
         """:meth:`_noise_rows` for the rows whose weights are ``w`` (None: unweighted / one noise level)."""
+        with self.row_weights(w):
+            return self._noise_rows()
+
+    @contextlib.contextmanager
+    def row_weights(self, w: torch.Tensor | None):
+        """Within the block, losses, likelihoods and finalize see the rows' (scaled) weights ``w`` (``_wb``);
+        the previous weights are restored after it."""
         prev, self._wb = self._wb, w
         try:
-            return self._noise_rows()
+            yield
         finally:
             self._wb = prev
 

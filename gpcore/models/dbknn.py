@@ -54,6 +54,7 @@ Feature form: none — the residual's Vecchia conditioning defines marginals onl
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -153,8 +154,6 @@ class DBKNN(VecchiaGP):
     # ---------------------------------------------------------------- stage 1 + build
     def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, groups=None,
             val_groups=None):
-        import time
-
         t0 = time.perf_counter()
         cfg = self.config
         total = cfg.dbk_epochs + cfg.epochs + (cfg.joint_epochs if cfg.train_mode == "joint" else 0)
@@ -305,7 +304,6 @@ class DBKNN(VecchiaGP):
             h["stage"] = "residual"
         if self.config.train_mode != "joint":
             return history, info
-        self.finalize(Xs, ys, ws)
         before = {k: v.detach().clone() for k, v in self.module_.state_dict().items()}
         base = self.config
         self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs)

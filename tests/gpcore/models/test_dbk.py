@@ -16,14 +16,7 @@ from gpcore.models.exact import ExactGP
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import gaussian_nll, kl_std_normal, tril_factor
 
-
-@pytest.fixture(autouse=True)
-def _float64_default():
-    """Dense oracles in float64; restored afterwards so other test modules see torch's default."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")  # tests/gpcore/models/conftest.py
 
 
 def _data(n=60, d=2, seed=1):
