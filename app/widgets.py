@@ -68,6 +68,7 @@ def settings_form(model_name: str, main: bool, overrides: dict | None = None) ->
     chosen = [
         f for f in fields(spec.cls.Config)
         if bool((f.metadata or {}).get("main")) == main and f.name not in RUN_LEVEL
+        and f.name not in spec.cls.unused_settings
     ]
     if not chosen:
         return out

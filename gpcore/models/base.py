@@ -353,6 +353,9 @@ class GPModel:
     NUGGET_INIT_FRACTION: ClassVar[float] = 0.1
     #: True when predictions need caches computed from the full training data (``_finalize``).
     needs_finalize: ClassVar[bool] = False
+    #: config settings this model never reads (e.g. ``batch_size`` of an always full-batch model); the Train page
+    #: does not offer them
+    unused_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **settings):
         self.config = self.Config.from_dict(settings)

@@ -62,6 +62,7 @@ class ExactGP(GPModel):
     """Exact GP regression with a learned stationary kernel (the test oracle)."""
 
     Config = ExactConfig
+    unused_settings = ("batch_size",)  # always full batch
     needs_finalize = True
 
     @property

@@ -299,6 +299,7 @@ class VecchiaGP(GPModel):
     """Vecchia nearest-neighbour GP: exact-GP likelihood over ordered neighbour sets, batched Cholesky."""
 
     Config = VecchiaConfig
+    unused_settings = ("batch_size",)  # always full batch
     #: finalize stores the ordered training weights (their noise enters every prediction's neighbour set)
     needs_finalize = True
     uncertainty_note: ClassVar[str] = (

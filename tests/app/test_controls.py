@@ -103,3 +103,6 @@ def test_train_page_renders_every_registered_model(app, store):
         assert [b for b in app.button if b.key == "w_train"], f"no Train button for {name}"
         assert app.selectbox(key="w_model").value == name
         assert not any("paper defaults" in m.value for m in app.markdown)
+        keys = {w.key for w in app.number_input}
+        offered_batch = f"w_set_{name}_batch_size" in keys
+        assert offered_batch == (name not in ("exact", "vecchia", "dbk-nn")), f"{name}: batch size offered only if read"
