@@ -29,3 +29,13 @@ def swapped_lon_lat(n: int = 80) -> bytes:
     rng = np.random.default_rng(1)
     lon, lat = rng.uniform(-67.1, -65.7, n).round(4), rng.uniform(18.0, 18.45, n).round(4)
     return pd.DataFrame({"lon": lat, "lat": lon, "mbps": rng.uniform(5, 200, n).round(1)}).to_csv(index=False).encode()
+
+
+def write_speeds_csv(path, n: int, seed: int):
+    """A synthetic Ookla-like CSV (lon, lat, download_mbps, tests, ...; no quadkey) at ``path``; returns ``path``."""
+    from gpcore.data import synthetic
+
+    df = synthetic.synthetic_ookla(n=n, seed=seed)
+    df["download_mbps"] = df["avg_d_kbps"] / 1000
+    df.drop(columns=["quadkey"]).to_csv(path, index=False)
+    return path

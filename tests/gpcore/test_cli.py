@@ -10,18 +10,14 @@ import pandas as pd
 import pytest
 
 from gpcore.cli import main
-from gpcore.data import synthetic
+from tests.sample_files import write_speeds_csv
 
 FAST = ["--set", "epochs=2", "--set", "rank=8", "--set", "hidden=8", "--set", "batch_size=256"]
 
 
 @pytest.fixture(scope="module")
 def csv_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cli") / "speeds.csv"
-    df = synthetic.synthetic_ookla(n=600, seed=3)
-    df["download_mbps"] = df["avg_d_kbps"] / 1000
-    df.drop(columns=["quadkey"]).to_csv(path, index=False)
-    return path
+    return write_speeds_csv(tmp_path_factory.mktemp("cli") / "speeds.csv", n=600, seed=3)
 
 
 @pytest.fixture(scope="module")

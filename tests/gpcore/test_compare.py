@@ -10,9 +10,9 @@ import pytest
 
 from gpcore.cli import main
 from gpcore.compare import compare_models, rank_within_splits, split_label, split_summary
-from gpcore.data import synthetic
 from gpcore.data.splits import block_ids
 from gpcore.runs import RunConfig
+from tests.sample_files import write_speeds_csv
 
 FAST = ["--set", "epochs=2", "--set", "dbk-silu.rank=8", "--set", "dbk-silu.hidden=8", "--set", "batch_size=256",
         "--set", "svgp.num_inducing=16"]
@@ -22,11 +22,7 @@ BLOCK_KM = 50.0  # the synthetic points spread over ~400 x 430 km: 64 occupied b
 
 @pytest.fixture(scope="module")
 def csv_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cmp") / "speeds.csv"
-    df = synthetic.synthetic_ookla(n=600, seed=3)
-    df["download_mbps"] = df["avg_d_kbps"] / 1000
-    df.drop(columns=["quadkey"]).to_csv(path, index=False)
-    return path
+    return write_speeds_csv(tmp_path_factory.mktemp("cmp") / "speeds.csv", n=600, seed=3)
 
 
 def compare_args(csv_file, out, *extra):

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from gpcore.cli import main
-from gpcore.data import synthetic
 from gpcore.errors import RunError, TrainingError
 from gpcore.runs import RunConfig, execute_run
 from gpcore.store import RunStore, read_manifest, validate_manifest
+from tests.sample_files import write_speeds_csv
 
 TINY = {"epochs": 2, "rank": 8, "hidden": 8, "batch_size": 256}
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,11 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def csv_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("runs") / "speeds.csv"
-    df = synthetic.synthetic_ookla(n=400, seed=3)
-    df["download_mbps"] = df["avg_d_kbps"] / 1000
-    df.drop(columns=["quadkey"]).to_csv(path, index=False)
-    return path
+    return write_speeds_csv(tmp_path_factory.mktemp("runs") / "speeds.csv", n=400, seed=3)
 
 
 def cfg_for(csv_file, **settings) -> RunConfig:

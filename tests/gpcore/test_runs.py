@@ -12,19 +12,15 @@ import pytest
 
 from gpcore import DataError
 from gpcore.cli import main
-from gpcore.data import synthetic
 from gpcore.runs import NO_RECAL, RunConfig, execute_run, prepare
+from tests.sample_files import write_speeds_csv
 
 FAST = {"epochs": 2, "rank": 8, "hidden": 8, "batch_size": 256}
 
 
 @pytest.fixture(scope="module")
 def csv_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("runs") / "speeds.csv"
-    df = synthetic.synthetic_ookla(n=700, seed=4)
-    df["download_mbps"] = df["avg_d_kbps"] / 1000
-    df.drop(columns=["quadkey"]).to_csv(path, index=False)
-    return path
+    return write_speeds_csv(tmp_path_factory.mktemp("runs") / "speeds.csv", n=700, seed=4)
 
 
 def _cfg(csv_file, **kw):
