@@ -81,9 +81,10 @@ def gpboost_available() -> bool:
     return True
 
 
-def gpboost_vecchia(X, y, X_pred, weights=None, weights_pred=None) -> dict:
+def gpboost_vecchia(X, y, X_pred, weights=None, weights_pred=None, shape: float | None = None) -> dict:
     """Fit GPBoost's Vecchia GP (:data:`GPBOOST_VECCHIA`, a constant fixed effect) on ``X`` (``n x d``, used as
-    given: no scaling), ``y`` (``n``) and predict at ``X_pred``.
+    given: no scaling), ``y`` (``n``) and predict at ``X_pred``. ``shape``: the Matérn smoothness instead of
+    the reference 1.5 (0.5 = exponential, 2.5).
 
     ``weights`` (``n``, > 0): GPBoost's own per-observation weights, which divide the error variance of
     observation ``i`` by ``weights[i]`` (no nugget floor, unlike gpcore's ``tau^2 + sigma^2 / w``); ``var_y``
@@ -100,7 +101,8 @@ def gpboost_vecchia(X, y, X_pred, weights=None, weights_pred=None) -> dict:
     X, y, X_pred = (np.asarray(a, dtype=np.float64) for a in (X, y, X_pred))
     kw = {} if weights is None else {"weights": np.asarray(weights, dtype=np.float64)}
     t0 = time.perf_counter()
-    gp = gpb.GPModel(gp_coords=X, **GPBOOST_VECCHIA, **kw)
+    settings = dict(GPBOOST_VECCHIA) if shape is None else {**GPBOOST_VECCHIA, "cov_fct_shape": float(shape)}
+    gp = gpb.GPModel(gp_coords=X, **settings, **kw)
     gp.fit(y=y, X=np.ones((len(y), 1)))
     fit_s = time.perf_counter() - t0
     cov = gp.get_cov_pars()

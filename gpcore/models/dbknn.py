@@ -96,6 +96,9 @@ class DBKNNConfig(VecchiaConfig):
     joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
     joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0,
                                                   min_inclusive=False)
+    feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone and keep the "
+                                             "DBK features only if they lower the validation NLL (validate on "
+                                             "spatial blocks to make this a test of the gaps)")
 
     def dbk_config(self) -> DBKConfig:
         return DBKConfig.from_dict({
@@ -120,9 +123,13 @@ class DBKNNModule(VecchiaModule):
         self.register_buffer("post_F", torch.zeros(p, p))  # F F^T = M^{-1}, upper triangular
         self.register_buffer("e_train", torch.zeros(n))  # y - mu0 - a Phi w_hat, ordered
 
+    #: False when the feature check dropped the features: the model is its residual GP alone (a = 0)
+    features_on: bool = True
+
     @property
     def fscale(self) -> torch.Tensor:
-        return nn.functional.softplus(self.raw_fscale)
+        a = nn.functional.softplus(self.raw_fscale)
+        return a if self.features_on else torch.zeros_like(a)
 
 
 def _staged(callback, offset: int, total: int | None = None):
@@ -184,6 +191,7 @@ class DBKNN(VecchiaGP):
         mod = super()._build(d, Xs, ys)
         self._phi_cache = None
         self._joint = False
+        mod.features_on = True if Xs is not None else getattr(self, "_features_on_loaded", True)
         stage1 = getattr(self, "_stage1", None)
         if Xs is None or stage1 is None:
             return mod
@@ -250,11 +258,15 @@ class DBKNN(VecchiaGP):
 
     def log_likelihood(self) -> torch.Tensor:
         """The hybrid log-likelihood of the (scaled) training targets, float64, differentiable (one pass)."""
+        if not self.module_.features_on:
+            return super().log_likelihood()
         Phi = self._phi_of(self.module_.X_train) if self._joint else self._phi_train()
         return self._loglik_from_stats(*self._stats(Phi), self.module_.X_train.shape[0])
 
     def _step(self, xb, yb, n):
         """Two passes (module docstring): sums without a graph, their adjoints, then chunk by chunk."""
+        if not self.module_.features_on:  # the residual GP alone: vecchia's closed-form pass
+            return super()._step(xb, yb, n)
         self._check_train_batch(xb)
         mod = self.module_
         N = mod.X_train.shape[0]
@@ -296,7 +308,8 @@ class DBKNN(VecchiaGP):
             groups.append({"params": self._feature_parameters(), "weight_decay": weight_decay})
         return groups
 
-    def _train(self, Xs, ys, Xv, yv, callback, ws, wv):
+    def _train_hybrid(self, Xs, ys, Xv, yv, callback, ws, wv):
+        """Stage 2 (and 3 in ``joint`` mode) — the stages of the module docstring."""
         from gpcore.train import train
 
         history, info = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
@@ -323,15 +336,62 @@ class DBKNN(VecchiaGP):
             info["best_val_nll"] = i2["best_val_nll"]
         return history + h2, info
 
+    def _train(self, Xs, ys, Xv, yv, callback, ws, wv):
+        history, info = self._train_hybrid(Xs, ys, Xv, yv, callback, ws, wv)
+        if not self.config.feature_check or Xv is None or info.get("best_val_nll") is None \
+                or info.get("cancelled"):
+            return history, info
+        return self._check_features(Xs, ys, Xv, yv, callback, ws, wv, history, info)
+
+    def _check_features(self, Xs, ys, Xv, yv, callback, ws, wv, history, info):
+        """The feature check (setting ``feature_check``): refit the residual GP alone (``a = 0``, started as a
+        fresh ``vecchia`` fit would be: the features had taken the large scale off its variance and
+        lengthscale) and keep whichever of the two has the lower validation NLL."""
+        from gpcore.train import train
+
+        mod = self.module_
+        cfg = self.config
+        before = {k: v.detach().clone() for k, v in mod.state_dict().items()}
+        self._init_lengthscale(mod)  # vecchia's initialisation
+        with torch.no_grad():
+            mod.raw_outputscale.fill_(inv_softplus(cfg.outputscale_init))
+            mod.raw_noise.fill_(inv_softplus(max(cfg.noise_init - cfg.noise_floor, 1e-8)))
+            mod.mu0.fill_(float(ys.double().mean()))
+        mod.features_on = False
+        h2, i2 = train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
+        for h in h2:
+            h["stage"] = "residual only"
+        kept = not (i2["best_val_nll"] is not None and i2["best_val_nll"] < info["best_val_nll"])
+        if kept:
+            mod.features_on = True
+            mod.load_state_dict(before)
+            self._phi_cache = None
+        check = {"with_features": info["best_val_nll"], "residual_only": i2["best_val_nll"], "kept": kept,
+                 "epochs_run": i2.get("epochs_run"), "seconds": i2.get("seconds")}
+        info = {**info, "feature_check": check}
+        if not kept:
+            info["best_val_nll"] = i2["best_val_nll"]
+        return history + h2, info
+
+    @property
+    def features_used(self) -> bool:
+        """Whether the fitted model uses its DBK features (False: the feature check dropped them)."""
+        return bool(self.module_.features_on)
+
     # ---------------------------------------------------------------- posterior and prediction
     def _finalize(self, Xs, ys):
         super()._finalize(Xs, ys)  # the ordered training weights
         mod = self.module_
         self._phi_cache = None
+        p = mod.post_m.shape[0]
+        eye = torch.eye(p, dtype=torch.float64, device=mod.X_train.device)
+        if not mod.features_on:  # a = 0: w keeps its prior, the residuals are y - mu0
+            mod.post_m.zero_()
+            mod.post_F.copy_(eye.to(mod.post_F.dtype))
+            mod.e_train.copy_((mod.y_train.double() - mod.mu0.double()).to(mod.e_train.dtype))
+            return
         Phi = self._phi_train()
         S, c, _, _ = self._stats(Phi)
-        p = S.shape[0]
-        eye = torch.eye(p, dtype=torch.float64, device=S.device)
         LM = torch.linalg.cholesky(eye + S)
         w_hat = torch.cholesky_solve(c.unsqueeze(-1), LM).squeeze(-1)
         mod.post_m.copy_(w_hat.to(mod.post_m.dtype))
@@ -381,8 +441,12 @@ class DBKNN(VecchiaGP):
         """The learned scale ``a`` of the DBK features."""
         return float(self.module_.fscale.detach())
 
+    def _extra_state(self) -> dict:
+        return {**super()._extra_state(), "features_on": bool(self.module_.features_on)}
+
     def _set_extra_state(self, state: dict) -> None:
         super()._set_extra_state(state)
         self._phi_cache = None
         self._joint = False
+        self._features_on_loaded = bool(state.get("features_on", True))
 

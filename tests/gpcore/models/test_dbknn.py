@@ -122,7 +122,7 @@ def test_variance_returns_to_the_prior_inside_a_gap():
 
 def test_joint_stage_is_kept_only_when_it_helps_on_validation():
     X, y = _data(n=160, seed=4)
-    model = make_model("dbk-nn", neighbors=8, train_mode="joint", joint_epochs=3, **SMALL)
+    model = make_model("dbk-nn", neighbors=8, train_mode="joint", joint_epochs=3, feature_check=False, **SMALL)
     model.fit(X[:120], y[:120], X[120:], y[120:])
     info = model.train_info_
     assert info["joint"]["epochs_run"] >= 1
@@ -134,6 +134,94 @@ def test_joint_stage_is_kept_only_when_it_helps_on_validation():
     nll = np.mean(0.5 * np.log(2 * np.pi * pred.var_y) + (y[120:] - pred.mean) ** 2 / (2 * pred.var_y))
     assert nll <= residual_best + 1e-9
     assert info["joint"]["kept"] == (info["joint"]["best_val_nll"] < residual_best)
+
+
+def _val_nll(model, X, y):
+    pred = model.predict(X)
+    return float(np.mean(0.5 * np.log(2 * np.pi * pred.var_y) + (y - pred.mean) ** 2 / (2 * pred.var_y)))
+
+
+CHECKED = {**SMALL, "epochs": 6, "dbk_epochs": 10}
+
+
+def _checked_fit(**settings):
+    rng = np.random.default_rng(5)
+    X = rng.uniform(0, 10, size=(200, 2))
+    y = 5 + np.sin(X[:, 0]) * X[:, 1] + 0.1 * rng.normal(size=200)
+    model = make_model("dbk-nn", neighbors=8, **{**CHECKED, **settings})
+    return model.fit(X[:150], y[:150], X[150:], y[150:]), X, y
+
+
+def test_feature_check_drops_features_that_validate_worse_than_the_residual_alone():
+    """The check refits the residual GP alone and keeps the features only when they lower the validation
+    NLL. Small DBKs do not beat a Vecchia GP on this smooth field: the residual alone is kept, and the model
+    kept scores exactly its validation NLL."""
+    model, X, y = _checked_fit()
+    check = model.train_info_["feature_check"]
+    assert {h["stage"] for h in model.history_} == {"residual", "residual only"}
+    assert check["residual_only"] < check["with_features"]
+    assert not check["kept"] and not model.features_used
+    assert _val_nll(model, X[150:], y[150:]) == pytest.approx(check["residual_only"], rel=1e-9)
+    assert model.train_info_["best_val_nll"] == check["residual_only"]
+
+
+def test_feature_check_restores_the_hybrid_exactly_when_the_features_win(monkeypatch):
+    """When the residual alone validates worse (forced here by reporting its best validation NLL as inf), the
+    hybrid comes back exactly: predictions equal those of the same fit without the check."""
+    import gpcore.train as T
+
+    real = T.train
+
+    def residual_alone_loses(model, *args, **kw):
+        history, info = real(model, *args, **kw)
+        if not getattr(model.module_, "features_on", True):  # dbk-nn's residual-only refit (not stage 1's DBK)
+            info = {**info, "best_val_nll": float("inf")}
+        return history, info
+
+    monkeypatch.setattr(T, "train", residual_alone_loses)
+    model, X, y = _checked_fit()
+    assert model.train_info_["feature_check"]["kept"] and model.features_used
+    ref, _, _ = _checked_fit(feature_check=False)
+    assert "feature_check" not in ref.train_info_
+    p, q = model.predict(X[150:]), ref.predict(X[150:])
+    np.testing.assert_allclose(p.mean, q.mean, rtol=1e-12)
+    np.testing.assert_allclose(p.var_y, q.var_y, rtol=1e-12)
+
+
+def test_without_features_the_model_is_its_residual_vecchia_gp():
+    """a = 0 (features dropped): likelihood, predictions and kernel equal vecchia's with the same residual
+    hyperparameters (float64), and the dropped state survives save / load."""
+    X, y = _data(n=80, seed=6)
+    model = make_model("dbk-nn", neighbors=10, pred_neighbors=12, **SMALL).fit(X, y)
+    _set_hypers(model)
+    model.module_.features_on = False
+    model.finalize(model.scale_x(X), model.scale_y(y))
+    ref = make_model("vecchia", neighbors=10, pred_neighbors=12, epochs=1, dtype="float64", device="cpu").fit(X, y)
+    with torch.no_grad():
+        for name in ("raw_ell", "raw_outputscale", "raw_noise", "mu0"):
+            getattr(ref.module_, name).copy_(getattr(model.module_, name))
+    ref.finalize(ref.scale_x(X), ref.scale_y(y))
+    assert model.log_likelihood().item() == pytest.approx(ref.log_likelihood().item(), rel=1e-10)
+    Xq = np.random.default_rng(7).uniform(-2, 12, size=(25, 2))
+    p, q = model.predict(Xq), ref.predict(Xq)
+    np.testing.assert_allclose(p.mean, q.mean, rtol=1e-10)
+    np.testing.assert_allclose(p.var_f, q.var_f, rtol=1e-10)
+    np.testing.assert_allclose(model.kernel(Xq[:5], X[:7]), ref.kernel(Xq[:5], X[:7]), rtol=1e-10)
+
+
+def test_dropped_features_survive_save_and_load(tmp_path):
+    X, y = _data(n=80, seed=8)
+    model = make_model("dbk-nn", neighbors=10, **SMALL).fit(X, y)
+    model.module_.features_on = False
+    model.finalize(model.scale_x(X), model.scale_y(y))
+    before = model.predict(X[:9])
+    from gpcore import load_model
+
+    loaded = load_model(model.save(tmp_path / "m"))
+    assert loaded.features_used is False
+    after = loaded.predict(X[:9])
+    np.testing.assert_allclose(after.mean, before.mean, rtol=1e-12)
+    np.testing.assert_allclose(after.var_y, before.var_y, rtol=1e-12)
 
 
 def test_no_feature_form():
