@@ -37,6 +37,19 @@ def uncertainty_note(model_name: str) -> str:
     return NOTES.get(family, spec.description)
 
 
+def training_note(manifest: dict) -> str:
+    """What training decided that changes how to read the run's maps (``""`` if nothing): a dbk-nn run whose
+    feature check dropped the DBK features is its nearest-neighbour residual GP alone."""
+    check = (manifest.get("train_info") or {}).get("feature_check")
+    if not isinstance(check, dict) or check.get("kept", True):
+        return ""
+    return (
+        "the DBK features were dropped: the residual GP alone had the lower validation NLL "
+        f"({check.get('residual_only', float('nan')):.3f} against {check.get('with_features', float('nan')):.3f} "
+        "with the features), so this run is a nearest-neighbour (Vecchia) GP."
+    )
+
+
 def noise_text(manifest: dict, t_units: str) -> str:
     """``"noise sd 0.35 log10(Mbps)"`` from a run manifest's learned noise variance."""
     var = manifest.get("noise_variance")

@@ -14,7 +14,7 @@ import streamlit as st
 
 from app import cache, gridmap, mapview, state
 from app.colors import SCALES, format_number, legend_html
-from app.modelinfo import noise_text, uncertainty_note
+from app.modelinfo import noise_text, training_note, uncertainty_note
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
@@ -230,6 +230,9 @@ def run_header(run: cache.RunData) -> None:
     note = uncertainty_note(run.model)
     if note:
         st.caption(f"Uncertainty: {note}")
+    decided = training_note(run.manifest)
+    if decided:
+        st.caption(f"Training: {decided}")
 
 
 def shared_limits(runs: list[cache.RunData], kind: str, width_units: str):

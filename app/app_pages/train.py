@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from app import cache, jobs, widgets
+from app.modelinfo import training_note
 from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
 
@@ -104,6 +105,9 @@ def finished_panel(job: jobs.TrainingJob) -> None:
         c[2].metric("95% coverage", f"{100 * m.get('coverage', float('nan')):.1f}%")
         c[3].metric("Fit time", f"{run.manifest.get('timings', {}).get('fit_seconds', float('nan')):.1f} s")
         st.caption(f"Metrics on the test split in {run.t_units or 'target units'}.")
+        decided = training_note(run.manifest)
+        if decided:
+            st.info(f"Training: {decided}", icon=":material/info:")
     history_chart(job.snapshot())
     c1, c2 = st.columns(2)
     c1.page_link("app_pages/maps.py", label="Open the maps", icon=":material/map:")

@@ -163,7 +163,8 @@ class DBKNN(VecchiaGP):
             val_groups=None):
         t0 = time.perf_counter()
         cfg = self.config
-        total = cfg.dbk_epochs + cfg.epochs + (cfg.joint_epochs if cfg.train_mode == "joint" else 0)
+        total = (cfg.dbk_epochs + cfg.epochs + (cfg.joint_epochs if cfg.train_mode == "joint" else 0)
+                 + (cfg.epochs if cfg.feature_check and X_val is not None else 0))  # the residual-only refit
         dbk = DBK(**cfg.dbk_config().to_dict())
         dbk.fit(X, y, X_val, y_val, _staged(callback, 0, total), weights=weights, val_weights=val_weights)
         callback = _staged(callback, len(dbk.history_), total)

@@ -159,7 +159,13 @@ def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app,
     app.run()
     epochs = [h["epoch"] for h in job.history]
     assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 3, epochs  # stage 1 then the residual
-    assert {h["epochs"] for h in job.history} == {4}
+    assert {h["epochs"] for h in job.history} == {6}  # DBK 2 + hybrid 2 + the feature check's residual-only 2
     run = {r.run_id: r for r in RunStore().list()}[job.run_id]
     assert run.manifest["config"]["model"] == "dbk-nn"
     assert any("is in the run store" in s.value for s in app.success)
+    # a 2-epoch, rank-8 DBK does not beat the residual GP alone on validation: the features are dropped, and the
+    # page says so in the numbers the check compared
+    check = run.manifest["train_info"]["feature_check"]
+    assert check["kept"] is False and check["residual_only"] < check["with_features"]
+    notes = [i.value for i in app.info if "DBK features were dropped" in i.value]
+    assert len(notes) == 1 and f"{check['residual_only']:.3f}" in notes[0], [i.value for i in app.info]
