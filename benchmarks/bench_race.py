@@ -125,8 +125,11 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))
+        check = r["model"].train_info_.get("feature_check")
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
-               f"test NLL {rows[-1]['nll']:.4f}")
+               f"test NLL {rows[-1]['nll']:.4f}"
+               + ("" if not check else f"; feature check: validation NLL {check['with_features']:.4f} with the "
+                  f"features, {check['residual_only']:.4f} without, features {'kept' if check['kept'] else 'dropped'}"))
         if args.recalibrate != "none":
             model = r["model"]
             model.recalibrate(X[va], y[va], val_weights=w[va] if r["weighted"] else None,
@@ -135,7 +138,9 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
             p = model.predict(X[te], weights=w[te] if r["weighted"] else None, groups=g_te)
             rows.append(score(key, f"{name} +recal {model.recal_['kind']}", wlabel, p.mean, p.var_y, y[te], g_te,
                               r["fit_seconds"], len(tr)))
-    if gpboost_available():
+    if args.gpboost == "none":
+        stderr("  --gpboost none: no peer rows (compare with a run that has them)")
+    elif gpboost_available():
         variants = [] if (args.gpboost == "weighted" and w is not None) else [("-", None)]
         variants += [(cfg.weight, w)] if args.gpboost != "unweighted" and w is not None else []
         for wlabel, ww in variants:
@@ -176,8 +181,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], help="MODEL.KEY=VALUE, e.g. vecchia.epochs=50")
     ap.add_argument("--recalibrate", choices=("none", "global", "group"), default="none",
                     help="also report each gpcore model after variance recalibration on the validation rows")
-    ap.add_argument("--gpboost", choices=("both", "unweighted", "weighted"), default="both",
-                    help="GPBoost fits on a weighted data set: unweighted, with its weights argument, or both")
+    ap.add_argument("--gpboost", choices=("both", "unweighted", "weighted", "none"), default="both",
+                    help="GPBoost fits on a weighted data set: unweighted, with its weights argument, both, or none "
+                         "(variants of gpcore models; GPBoost's numbers do not change between runs)")
     ap.add_argument("--out", help="write the markdown table here (and the numbers to the same name with .csv)")
     ap.add_argument("--smoke", action="store_true", help="tiny synthetic data, tiny models (seconds, CI)")
     args = ap.parse_args(argv)
