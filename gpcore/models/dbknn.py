@@ -163,8 +163,9 @@ class DBKNN(VecchiaGP):
     uncertainty_note: ClassVar[str] = (
         "dbk-nn adds a nearest-neighbour residual to the DBK features: intervals keep DBK's input-dependent "
         "width and widen towards the residual's prior away from measurements — but inside large gaps the DBK "
-        "part still extrapolates with confidence (81 % coverage of 95 % intervals in the Heaton cloud-gap "
-        "benchmark); where the map has large unmeasured areas, compare with vecchia."
+        "features extrapolate with confidence (81–87 % coverage of 95 % intervals in the Heaton cloud-gap "
+        "benchmark). Its feature check drops them when the residual GP alone validates better; train with "
+        "spatial-block splits where the map has large unmeasured areas, so that the check tests the gaps."
     )
 
     # ---------------------------------------------------------------- stage 1 + build

@@ -1,7 +1,11 @@
 """Headless Chromium: train dbk-nn (DBK + nearest-neighbour residual) from the Train page, then use it like any
 run — its maps take clicks, the PI-width map shows, and Decide says why its joint sections are absent.
 
-Screenshots: ``test-artifacts/maps-dbk-nn.png``, ``test-artifacts/decide-dbk-nn.png``.
+Trained on spatial blocks, whose validation blocks make its feature check a test of the gaps; the Train page
+and the Maps header say what the check decided.
+
+Screenshots: ``test-artifacts/train-dbk-nn.png``, ``test-artifacts/maps-dbk-nn.png``,
+``test-artifacts/decide-dbk-nn.png``.
 """
 
 from __future__ import annotations
@@ -31,14 +35,19 @@ def test_dbk_nn_trains_from_the_page_and_its_run_is_usable(server, page):
     page.get_by_role("heading", name="Train", exact=True).wait_for(timeout=120_000)
     settle(page)
     choose(page, "Model", re.compile(r"^dbk-nn — "))
+    choose(page, "Split (8:1:1)", "block")  # validation on spatial blocks: the feature check tests the gaps
     no_exception(page)
     train_from_page(page, (("dbk epochs", 2), ("epochs", 3), ("dbk rank", 16), ("neighbors", 10)), cell_km=4)
     no_exception(page)
+    # a 2-epoch DBK does not help inside the held-out blocks: the page says the features were dropped
+    page.get_by_text("the DBK features were dropped", exact=False).wait_for(timeout=30_000)
+    screenshot(page, "train-dbk-nn.png")
 
     nav(page, "Maps")
     wait_grid_drawn(page)
     body = page.get_by_test_id("stMain").inner_text()
     assert "dbk-nn" in body and "nearest-neighbour residual" in body, "the run and its uncertainty note"
+    assert "Training: the DBK features were dropped" in body, "the run header says what the feature check decided"
     seen = {click_grid(page, fx, fy) for fx, fy in ((0.5, 0.5), (0.4, 0.45))}
     assert len(seen) == 2, seen
     segment(page, "Map", "95% PI width")
