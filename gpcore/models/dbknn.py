@@ -368,6 +368,8 @@ class DBKNN(VecchiaGP):
             mod.raw_outputscale.fill_(inv_softplus(cfg.outputscale_init))
             mod.raw_noise.fill_(inv_softplus(max(cfg.noise_init - cfg.noise_floor, 1e-8)))
             mod.mu0.fill_(float(ys.double().mean()))
+            if hasattr(mod, "raw_nugget"):  # weighted: the nugget starts as a fresh weighted fit's does
+                mod.raw_nugget.fill_(inv_softplus(max(float(self._noise_s()) * self.NUGGET_INIT_FRACTION, 1e-6)))
         mod.features_on = False
         h2, i2 = train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
         for h in h2:
@@ -378,8 +380,8 @@ class DBKNN(VecchiaGP):
             mod.load_state_dict(before)
             self._phi_cache = None
         check = {"with_features": info["best_val_nll"], "residual_only": i2["best_val_nll"], "kept": kept,
-                 "epochs_run": i2.get("epochs_run"), "seconds": i2.get("seconds")}
-        info = {**info, "feature_check": check}
+                 "epochs_run": i2.get("epochs_run"), "train_seconds": i2.get("train_seconds")}
+        info = {**info, "feature_check": check, "cancelled": bool(info.get("cancelled") or i2.get("cancelled"))}
         if not kept:
             info["best_val_nll"] = i2["best_val_nll"]
         return history + h2, info

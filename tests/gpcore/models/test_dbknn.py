@@ -136,32 +136,37 @@ def test_joint_stage_is_kept_only_when_it_helps_on_validation():
     assert info["joint"]["kept"] == (info["joint"]["best_val_nll"] < residual_best)
 
 
-def _val_nll(model, X, y):
-    pred = model.predict(X)
+def _val_nll(model, X, y, w=None):
+    pred = model.predict(X, weights=w)
     return float(np.mean(0.5 * np.log(2 * np.pi * pred.var_y) + (y - pred.mean) ** 2 / (2 * pred.var_y)))
 
 
 CHECKED = {**SMALL, "epochs": 6, "dbk_epochs": 10}
 
 
-def _checked_fit(**settings):
+def _checked_fit(weighted=False, **settings):
     rng = np.random.default_rng(5)
     X = rng.uniform(0, 10, size=(200, 2))
     y = 5 + np.sin(X[:, 0]) * X[:, 1] + 0.1 * rng.normal(size=200)
+    w = rng.integers(1, 9, size=200).astype(float) if weighted else None
     model = make_model("dbk-nn", neighbors=8, **{**CHECKED, **settings})
-    return model.fit(X[:150], y[:150], X[150:], y[150:]), X, y
+    wkw = {} if w is None else {"weights": w[:150], "val_weights": w[150:]}
+    return model.fit(X[:150], y[:150], X[150:], y[150:], **wkw), X, y, w
 
 
-def test_feature_check_drops_features_that_validate_worse_than_the_residual_alone():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_feature_check_drops_features_that_validate_worse_than_the_residual_alone(weighted):
     """The check refits the residual GP alone and keeps the features only when they lower the validation
     NLL. Small DBKs do not beat a Vecchia GP on this smooth field: the residual alone is kept, and the model
-    kept scores exactly its validation NLL."""
-    model, X, y = _checked_fit()
+    kept scores exactly its validation NLL (weighted: with its nugget refitted too)."""
+    model, X, y, w = _checked_fit(weighted)
     check = model.train_info_["feature_check"]
+    assert model.weighted == weighted
     assert {h["stage"] for h in model.history_} == {"residual", "residual only"}
     assert check["residual_only"] < check["with_features"]
     assert not check["kept"] and not model.features_used
-    assert _val_nll(model, X[150:], y[150:]) == pytest.approx(check["residual_only"], rel=1e-9)
+    assert _val_nll(model, X[150:], y[150:], None if w is None else w[150:]) == pytest.approx(check["residual_only"],
+                                                                                         rel=1e-9)
     assert model.train_info_["best_val_nll"] == check["residual_only"]
 
 
@@ -179,9 +184,9 @@ def test_feature_check_restores_the_hybrid_exactly_when_the_features_win(monkeyp
         return history, info
 
     monkeypatch.setattr(T, "train", residual_alone_loses)
-    model, X, y = _checked_fit()
+    model, X, y, _ = _checked_fit()
     assert model.train_info_["feature_check"]["kept"] and model.features_used
-    ref, _, _ = _checked_fit(feature_check=False)
+    ref, _, _, _ = _checked_fit(feature_check=False)
     assert "feature_check" not in ref.train_info_
     p, q = model.predict(X[150:]), ref.predict(X[150:])
     np.testing.assert_allclose(p.mean, q.mean, rtol=1e-12)
