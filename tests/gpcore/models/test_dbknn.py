@@ -58,7 +58,7 @@ def test_full_neighbour_sets_equal_the_dense_hybrid_gp(weighted):
         noise = model.nugget_variance + model.measurement_noise_variance / w
     else:
         noise = np.full(n, model.noise_variance)
-    Kf = a2 * phi @ phi.T + _np_kernel("matern32", X, X, ell, os_)
+    Kf = a2 * phi @ phi.T + _np_kernel(model.config.kernel, X, X, ell, os_)
     K = Kf + np.diag(noise)
     mu0 = model.prior_mean
     with model.row_weights(ws):
@@ -66,7 +66,7 @@ def test_full_neighbour_sets_equal_the_dense_hybrid_gp(weighted):
     assert ll == pytest.approx(multivariate_normal.logpdf(y, mean=np.full(n, mu0), cov=K), rel=1e-9)
     Xt = np.random.default_rng(7).uniform(-2, 12, size=(25, 2))  # some outside the data
     phit = model.module_.dbk.features(model.scale_x(Xt)).detach().numpy()
-    Ks = a2 * phit @ phi.T + _np_kernel("matern32", Xt, X, ell, os_)
+    Ks = a2 * phit @ phi.T + _np_kernel(model.config.kernel, Xt, X, ell, os_)
     kss = a2 * (phit**2).sum(1) + os_
     c = cho_factor(K, lower=True)
     p = model.predict(Xt)
