@@ -79,7 +79,8 @@ def width_violins(test: pd.DataFrame, units: str = "", colors: dict[str, str] | 
                     spanmode="hard", scalemode="width", width=0.9 if two else 0,
                 )
             )
-    lo, hi = (float(np.nanmin(df["width"])), float(np.nanmax(df["width"]))) if len(df) else (0.0, 1.0)
+    drawn = df.loc[df["stratum"].isin(strata), "width"]  # not 'unknown' (drawn by no violin)
+    lo, hi = (float(np.nanmin(drawn)), float(np.nanmax(drawn))) if len(drawn) else (0.0, 1.0)
     pad = 0.08 * (hi - lo or 1.0)
     fig.update_layout(violinmode="overlay" if two else "group", violingap=0.25, violingroupgap=0.05,
                       yaxis=dict(title=f"95% PI width ({units})" if units else "95% PI width",

@@ -173,6 +173,11 @@ def test_widths_violins_split_by_stratum():
     assert float(fig.data[0].y[0]) == pytest.approx(2 * 1.959964 * np.sqrt(0.1), rel=1e-5)
     metrics = pd.DataFrame({"model": ["a", "a"], "group": ["metro", "non-metro"], "coverage": [0.9, 0.97]})
     assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95
+    # a few tiles outside every stratum ('unknown', no violin) with wide intervals do not stretch the axis
+    wide = pd.concat([test, pd.DataFrame({"model": ["a"], "var_y": [25.0], "stratum": ["unknown"], "mean": 0.0,
+                                          "y": 0.1})])
+    top = width_violins(wide).layout.yaxis.range[1]
+    assert top == width_violins(test).layout.yaxis.range[1] and top < 2 * 1.96 * np.sqrt(0.3) * 1.2
 
 
 def test_width_map_title_says_for_how_many_measurements():
