@@ -98,7 +98,9 @@ def coverage_bars(metrics: pd.DataFrame, target: float = 0.95, colors: dict[str,
         part = metrics[metrics["group"] == g]
         fig.add_trace(go.Bar(x=part["model"], y=part["coverage"], name=html_text(DISPLAY.get(str(g), str(g))),
                              marker_color=colors.get(str(g)), cliponaxis=False,
-                             text=[f"{100 * v:.1f}%" for v in part["coverage"]], textposition="outside"))
+                             # inside, turned upright: side by side above narrow bars the labels overlapped
+                             text=[f"{100 * v:.1f}%" for v in part["coverage"]], textposition="inside",
+                             textangle=-90, insidetextanchor="end", insidetextfont=dict(color="white")))
     fig.add_hline(y=target, line_dash="dash", line_color="black")
     fig.add_annotation(x=1.0, xref="paper", xanchor="left", y=target, yref="y", text=f"{100 * target:.0f}% target",
                        showarrow=False, font=dict(size=11))
