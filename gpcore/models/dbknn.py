@@ -105,9 +105,10 @@ class DBKNNConfig(VecchiaConfig):
     joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
     joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0,
                                                   min_inclusive=False)
-    feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone and keep the "
-                                             "DBK features only if they lower the validation NLL (validate on "
-                                             "spatial blocks to make this a test of the gaps)")
+    feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone (up to epochs "
+                                             "and max_seconds again) and keep the DBK features only if they lower "
+                                             "the validation NLL (validate on spatial blocks to make this a test "
+                                             "of the gaps)")
 
     def dbk_config(self) -> DBKConfig:
         return DBKConfig.from_dict({
