@@ -5,8 +5,8 @@ Model (scaled inputs, standardised targets):
     y = mu0 + a phi(x)^T w + r(x) + eps,   w ~ N(0, I_p),   r ~ GP(0, k_r),   eps ~ N(0, s2)
 
 ``phi`` are the features of a deep basis kernel (:mod:`gpcore.models.dbk`, DBK-RBF by default) with a
-learned scale ``a``; ``k_r`` is a stationary kernel (Matérn-1/2 with ARD lengthscales by default, as ``vecchia``) and the
-noise is ``s2`` (weighted fits: ``tau^2 + s2 / w_i``, as every model). The DBK part carries the
+learned scale ``a``; ``k_r`` is a stationary kernel (Matérn-1/2 with ARD lengthscales by default, as
+``vecchia``) and the noise is ``s2`` (weighted fits: ``tau^2 + s2 / w_i``, as every model). The DBK part carries the
 large-scale, non-stationary structure and the input-dependent variance ``a^2 phi^T S phi``; the residual
 carries the fine scale, and far from data its variance returns to its prior ``k_r(x, x)``, so intervals
 widen inside gaps, where a low-rank model's do not.
