@@ -135,9 +135,11 @@ def test_cancel_keeps_the_best_model_so_far(store):
     assert manifest["train_info"]["cancelled"] is True
 
 
-def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app, store):
-    """dbk-nn trains in two stages (DBK, then the residual); the page's progress counts epochs 1, 2, ... across
-    both, and the run lands in the store as a dbk-nn run."""
+@pytest.mark.parametrize("check", [True, False])
+def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app, store, check):
+    """dbk-nn trains in stages (DBK, the hybrid residual, the feature check's residual-only refit); the page's
+    progress counts epochs 1, 2, ... across them, and the run lands in the store as a dbk-nn run. Unticking
+    "feature check" skips the refit and the note."""
     from gpcore.store import RunStore
 
     app.run()
@@ -147,6 +149,10 @@ def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app,
     for name, value in (("dbk_epochs", 2), ("epochs", 2), ("dbk_rank", 8), ("neighbors", 8), ("dbk_hidden", 8),
                         ("dbk_batch_size", 2048)):
         app.number_input(key=f"w_set_dbk-nn_{name}").set_value(value)
+    box = app.checkbox(key="w_set_dbk-nn_feature_check")
+    assert box.value is True, "the check is on by default"
+    if not check:
+        box.uncheck()
     app.number_input(key="w_cell_km").set_value(4.0)
     app.button(key="w_train").click().run()
     assert not app.exception, [e.value for e in app.exception]
@@ -159,10 +165,16 @@ def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app,
     app.run()
     epochs = [h["epoch"] for h in job.history]
     assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 3, epochs  # stage 1 then the residual
-    assert {h["epochs"] for h in job.history} == {6}  # DBK 2 + hybrid 2 + the feature check's residual-only 2
+    # DBK 2 + hybrid 2 (+ the feature check's residual-only 2)
+    assert {h["epochs"] for h in job.history} == {6 if check else 4}
     run = {r.run_id: r for r in RunStore().list()}[job.run_id]
     assert run.manifest["config"]["model"] == "dbk-nn"
+    assert run.manifest["config"]["settings"].get("feature_check", True) is check  # defaults are not written
     assert any("is in the run store" in s.value for s in app.success)
+    if not check:
+        assert "feature_check" not in run.manifest["train_info"]
+        assert not [i.value for i in app.info if "DBK features were dropped" in i.value]
+        return
     # a 2-epoch, rank-8 DBK does not beat the residual GP alone on validation: the features are dropped, and the
     # page says so in the numbers the check compared
     check = run.manifest["train_info"]["feature_check"]
