@@ -79,6 +79,15 @@ def fit_predict(name: str, settings: dict, X, y, X_val, y_val, X_test, *, weight
             "epochs": getattr(model, "train_info_", {}).get("epochs_run"), "model": model}
 
 
+def feature_check_text(model) -> str:
+    """``"; feature check: ..."`` for a dbk-nn model whose fit ran its feature check, else ``""``."""
+    check = getattr(model, "train_info_", {}).get("feature_check")
+    if not check:
+        return ""
+    return (f"; feature check: validation NLL {check['with_features']:.4f} with the features, "
+            f"{check['residual_only']:.4f} without, features {'kept' if check['kept'] else 'dropped'}")
+
+
 def warm_up_torch() -> None:
     """torch imports torch._dynamo (seconds) the first time an optimizer is built: pay it outside the timings."""
     import torch

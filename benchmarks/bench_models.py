@@ -34,7 +34,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import fit_predict, known_models, parse_sets, shared_data, smoke_settings, stderr, warm_up_torch
+from _harness import (
+    feature_check_text,
+    fit_predict,
+    known_models,
+    parse_sets,
+    shared_data,
+    smoke_settings,
+    stderr,
+    warm_up_torch,
+)
 from _peers import gpboost_available, gpboost_vecchia, gpytorch_svgp
 
 from gpcore import metrics as M
@@ -199,10 +208,8 @@ def run_heaton(args, smoke: bool = False) -> int:
         rows.append({"model": name, "n_train": len(ytr), **M.heaton_scores(r["mean"], r["var_y"], yt),
                      "nll": M.nll(r["mean"], r["var_y"], yt), "minutes": secs / 60, "fit_s": r["fit_seconds"],
                      "predict_s": r["predict_seconds"]})
-        check = getattr(r.get("model"), "train_info_", {}).get("feature_check")
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s, predict {r['predict_seconds']:.1f} s"
-               + ("" if not check else f"; feature check: validation NLL {check['with_features']:.4f} with the "
-                  f"features, {check['residual_only']:.4f} without, features {'kept' if check['kept'] else 'dropped'}"))
+               + feature_check_text(r.get("model")))
 
     for name in models:
         settings = {**(smoke_settings(name) if smoke else {}), **sets.get(name, {})}

@@ -50,7 +50,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import fit_predict, known_models, parse_sets, shared_data, smoke_settings, stderr, warm_up_torch
+from _harness import (
+    feature_check_text,
+    fit_predict,
+    known_models,
+    parse_sets,
+    shared_data,
+    smoke_settings,
+    stderr,
+    warm_up_torch,
+)
 from _peers import gpboost_available, gpboost_vecchia
 
 from gpcore import metrics as M
@@ -125,11 +134,8 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))
-        check = r["model"].train_info_.get("feature_check")
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
-               f"test NLL {rows[-1]['nll']:.4f}"
-               + ("" if not check else f"; feature check: validation NLL {check['with_features']:.4f} with the "
-                  f"features, {check['residual_only']:.4f} without, features {'kept' if check['kept'] else 'dropped'}"))
+               f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]))
         if args.recalibrate != "none":
             model = r["model"]
             model.recalibrate(X[va], y[va], val_weights=w[va] if r["weighted"] else None,
