@@ -575,10 +575,14 @@ class GPModel:
         """Give the module the learned nugget ``tau^2`` of a weighted fit (before training; see load_model)."""
         from gpcore.models.linalg import inv_softplus
 
-        with torch.no_grad():
-            init = max(float(self._noise_s()) * self.NUGGET_INIT_FRACTION, 1e-6)
         p = next(iter(self.module_.parameters()))
-        self.module_.raw_nugget = nn.Parameter(torch.tensor(inv_softplus(init), dtype=self.dtype, device=p.device))
+        self.module_.raw_nugget = nn.Parameter(torch.tensor(inv_softplus(self._nugget_init()), dtype=self.dtype,
+                                                            device=p.device))
+
+    def _nugget_init(self) -> float:
+        """The nugget a weighted fit starts from: a fraction of the current noise variance."""
+        with torch.no_grad():
+            return max(float(self._noise_s()) * self.NUGGET_INIT_FRACTION, 1e-6)
 
     def _check_weights(self, ws) -> None:
         if ws is not None and not self.weighted:

@@ -350,8 +350,7 @@ class DBKNN(VecchiaGP):
 
     def _train(self, Xs, ys, Xv, yv, callback, ws, wv):
         history, info = self._train_hybrid(Xs, ys, Xv, yv, callback, ws, wv)
-        if not self.config.feature_check or Xv is None or info.get("best_val_nll") is None \
-                or info.get("cancelled"):
+        if not self.config.feature_check or info.get("best_val_nll") is None or info.get("cancelled"):
             return history, info
         return self._check_features(Xs, ys, Xv, yv, callback, ws, wv, history, info)
 
@@ -362,15 +361,14 @@ class DBKNN(VecchiaGP):
         from gpcore.train import train
 
         mod = self.module_
-        cfg = self.config
         before = {k: v.detach().clone() for k, v in mod.state_dict().items()}
-        self._init_lengthscale(mod)  # vecchia's initialisation
+        fresh = VecchiaModule(Xs.shape[1], self.config, 0)  # vecchia's initial values (no data buffers)
         with torch.no_grad():
-            mod.raw_outputscale.fill_(inv_softplus(cfg.outputscale_init))
-            mod.raw_noise.fill_(inv_softplus(max(cfg.noise_init - cfg.noise_floor, 1e-8)))
-            mod.mu0.fill_(float(ys.double().mean()))
+            for name in ("raw_outputscale", "raw_noise", "mu0"):
+                getattr(mod, name).copy_(getattr(fresh, name))
+            self._init_lengthscale(mod)  # the data-dependent one
             if hasattr(mod, "raw_nugget"):  # weighted: the nugget starts as a fresh weighted fit's does
-                mod.raw_nugget.fill_(inv_softplus(max(float(self._noise_s()) * self.NUGGET_INIT_FRACTION, 1e-6)))
+                mod.raw_nugget.fill_(inv_softplus(self._nugget_init()))
         mod.features_on = False
         h2, i2 = train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
         for h in h2:
