@@ -425,7 +425,7 @@ def get_run(run_id: str | None):
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=6)
 def st_model(path: str, stamp: float):
     """The trained model of a run (loaded once per run, never retrained)."""
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     return load_model(Path(path) / "model", device="auto")
 

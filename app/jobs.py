@@ -140,7 +140,7 @@ def start_training(cfg, run_dir: Path, prepared=None, label: str = "") -> Traini
 
 
 def _defaults(model: str) -> dict:
-    from gpcore.models.base import model_spec
+    from gpcore.models import model_spec
 
     spec = model_spec(model)
     return {**spec.cls.Config().to_dict(), **spec.preset}

@@ -24,7 +24,7 @@ NOTES = {
 def uncertainty_note(model_name: str) -> str:
     """One sentence on the uncertainty semantics of a registered model (``""`` if unknown)."""
     from gpcore.errors import ConfigError
-    from gpcore.models.base import model_spec
+    from gpcore.models import model_spec
 
     try:
         spec = model_spec(model_name)

@@ -61,7 +61,7 @@ def settings_form(model_name: str, main: bool, overrides: dict | None = None) ->
     differ from these defaults are returned (the preset is applied by ``make_model`` anyway).
     ``overrides`` replaces defaults.
     """
-    from gpcore.models.base import model_spec
+    from gpcore.models import model_spec
 
     spec = model_spec(model_name)
     out = {}

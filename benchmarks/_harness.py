@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from gpcore import make_model
-from gpcore.models.base import available_models
+from gpcore.models import available_models
 
 REPO = Path(__file__).resolve().parents[1]
 #: settings that make any model tiny for ``--smoke`` (each model keeps the ones it has)

@@ -7,7 +7,7 @@ True
 
 from gpcore.device import describe_device, resolve_device
 from gpcore.errors import ConfigError, DataError, GPCoreError, InputError
-from gpcore.models.base import Prediction, available_models, load_model, make_model, model_spec
+from gpcore.models import Prediction, available_models, load_model, make_model, model_spec
 
 __version__ = "0.1.0"
 

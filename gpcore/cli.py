@@ -498,7 +498,7 @@ def cmd_suggest(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from gpcore.models.base import available_models, model_spec
+    from gpcore.models import available_models, model_spec
 
     for name in available_models():
         spec = model_spec(name)

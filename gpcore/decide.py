@@ -138,7 +138,7 @@ def grid_prediction(grid, noise_variance: float, var_scale: float = 1.0):
     """The :class:`~gpcore.Prediction` stored in a run's ``grid.parquet`` (``mean_t``, ``sd_t`` = predictive sd
     in model space): ``var_f = sd_t^2 / var_scale - noise``. Nothing is recomputed. ``var_scale``: a
     recalibrated model's scale of ``var_y`` on the grid (``model.variance_scale(n)``; it leaves ``var_f`` alone)."""
-    from gpcore.models.base import Prediction
+    from gpcore.models import Prediction
 
     mean = np.asarray(grid["mean_t"], dtype=float)
     var_y = np.asarray(grid["sd_t"], dtype=float) ** 2
@@ -323,7 +323,7 @@ def suggest(model, candidates, targets=None, k: int = 10, *, target_weights=None
     conditioned on it (a rank-one update). ``min_km`` excludes candidates closer than that to a pick.
     """
     jp = _posterior(model)
-    from gpcore.models.base import as_2d_float
+    from gpcore.models import as_2d_float
 
     Xc = as_2d_float(candidates, "candidates", d=jp.model.d_)
     Xt = Xc if targets is None else as_2d_float(targets, "targets", d=jp.model.d_)

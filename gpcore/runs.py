@@ -121,7 +121,7 @@ class RunConfig:
             raise ConfigError(f"grid_zoom={self.grid_zoom!r} is not allowed; use a quadkey zoom level 0..24")
         if not isinstance(self.grid_target_cells, int) or self.grid_target_cells < 1:
             raise ConfigError(f"grid_target_cells={self.grid_target_cells!r} is not allowed; use a count >= 1")
-        from gpcore.models.base import model_spec
+        from gpcore.models import model_spec
 
         model_spec(self.model)  # raises ConfigError for unknown models
 
@@ -459,7 +459,7 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     folder beside ``out_dir`` and renamed into place, so a crash or kill never leaves a half run. A fit
     that produced no finite model raises :class:`TrainingError` and writes nothing.
     """
-    from gpcore.models.base import make_model
+    from gpcore.models import make_model
 
     log = log or (lambda msg: None)
     out = check_out_dir(out_dir, overwrite)
@@ -622,7 +622,7 @@ def _grid_spec(grid) -> dict | None:
 
 
 def _clean(obj):
-    from gpcore.models.base import _jsonable
+    from gpcore.models import jsonable as _jsonable
 
     return _jsonable(obj)
 

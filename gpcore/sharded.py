@@ -26,7 +26,7 @@ from gpcore.distributed import (
     shutdown,
 )
 from gpcore.errors import ConfigError, InputError
-from gpcore.models.base import as_1d_float, as_2d_float, as_weights, make_model
+from gpcore.models import as_1d_float, as_2d_float, as_weights, make_model
 from gpcore.runs import execute_run, prepare, run_model_settings
 from gpcore.train import train
 

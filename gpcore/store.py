@@ -153,7 +153,7 @@ def load_run(run_dir, device: str | None = None):
     The manifest is validated and the model checked before anything is allocated; a damaged run raises
     :class:`RunError` (or :class:`gpcore.errors.InputError` for the model files) naming the file.
     """
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     manifest = read_manifest(run_dir)
     return manifest, load_model(Path(run_dir) / "model", device=device)

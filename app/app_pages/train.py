@@ -21,7 +21,7 @@ POLL_SECONDS = 0.7
 
 
 def model_picker() -> str:
-    from gpcore.models.base import available_models, model_spec
+    from gpcore.models import available_models, model_spec
 
     names = available_models()
     default = "dbk-rbf" if "dbk-rbf" in names else names[0]
@@ -43,7 +43,7 @@ def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_
             model=model, settings=settings, split=split, block_km=block_km, seed=seed,
             grid_cell_km=cell_km, label=label.strip() or f"{model} · {data.spec.label()}",
         )
-        from gpcore.models.base import make_model
+        from gpcore.models import make_model
 
         make_model(cfg.model, **cfg.model_settings())  # validate settings before starting a thread
         prepared = prepare(cfg, gdf=data.frame)
@@ -115,7 +115,7 @@ def finished_panel(job: jobs.TrainingJob) -> None:
 
 
 def page() -> None:
-    from gpcore.models.base import model_spec
+    from gpcore.models import model_spec
 
     ss = st.session_state
     st.title("Train")

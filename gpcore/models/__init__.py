@@ -10,11 +10,16 @@ from gpcore.models.base import (  # noqa: F401
     BaseConfig,
     GPModel,
     Prediction,
+    as_1d_float,
+    as_2d_float,
+    as_groups,
+    as_weights,
     available_models,
     load_model,
     make_model,
     model_spec,
 )
+from gpcore.models.base import _jsonable as jsonable  # noqa: F401
 
 # Families added by later work register themselves here, one import per file.
 for _name in ("svgp", "softki", "cagp", "solvegp", "vecchia", "dbknn"):

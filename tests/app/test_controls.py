@@ -92,7 +92,7 @@ def test_second_run_side_by_side_keeps_its_pick(app, store):
 
 
 def test_train_page_renders_every_registered_model(app, store):
-    from gpcore.models.base import available_models
+    from gpcore.models import available_models
 
     app.run()
     app.switch_page("app_pages/train.py").run()

@@ -23,7 +23,7 @@ def open_decide(app):
 
 
 def test_threshold_map_is_p_below_of_the_run(app, store):
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     open_decide(app)
     assert app.session_state["ua_run"] == RUN
@@ -50,7 +50,7 @@ def test_threshold_map_is_p_below_of_the_run(app, store):
 
 def test_click_an_area_shows_its_posterior(app, store):
     from gpcore import decide
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     open_decide(app)
     assert any("Click an area" in i.value for i in app.info)
@@ -95,7 +95,7 @@ def test_plausible_maps_redraw_with_another_seed(app, store):
 
 def test_suggest_sites(app, store):
     from gpcore import decide
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     open_decide(app)
     assert any("press Suggest sites" in i.value for i in app.info)
@@ -129,7 +129,7 @@ def test_maps_draws_p_below_at_the_decide_threshold(app, store):
     """The threshold set on Decide is a canonical value: the Maps page's P(below) layer uses it."""
     from app import raster as R
     from app.colors import ColorScale
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     open_decide(app)
     app.number_input(key="w_decide_threshold").set_value(12.0).run()

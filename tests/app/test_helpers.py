@@ -134,7 +134,7 @@ def test_setting_widgets_come_from_config_metadata():
     """Every registered model's settings can be drawn (no page change when a model is added)."""
     from dataclasses import fields
 
-    from gpcore.models.base import available_models, model_spec
+    from gpcore.models import available_models, model_spec
 
     for name in available_models():
         cfg = model_spec(name).cls.Config

@@ -16,7 +16,7 @@ RUN = "20240101-000000-000-dbk-rbf"
 
 
 def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     app.query_params["run"] = RUN
     app.run()
@@ -63,7 +63,7 @@ def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
 def test_correlation_slice_is_one_at_the_reference(store):
     """The dashboard's correlation normalisation: k(x_ref, x_ref) / k(x_ref, x_ref) = 1 at the picked cell."""
     from app.cache import KernelCache
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     model = load_model(store / RUN / "model")
     grid = pd.read_parquet(store / RUN / "grid.parquet")

@@ -134,7 +134,7 @@ def test_maps_controls_change_what_is_shown(server, page):
 
 
 def test_every_model_form_renders_and_svgp_trains_from_the_page(server, page):
-    from gpcore.models.base import available_models
+    from gpcore.models import available_models
 
     page.goto(server + "/train")
     page.get_by_role("heading", name="Train", exact=True).wait_for(timeout=120_000)

@@ -162,7 +162,7 @@ def test_the_crafted_model_json_is_refused_before_allocating(files, tmp_path):
     import tracemalloc
 
     from gpcore.errors import InputError
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     run = _crafted(files, tmp_path, RUN_CASES["model-json-d-huge"])
     tracemalloc.start()

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from gpcore import make_model
-from gpcore.models.base import available_models
+from gpcore.models import available_models
 
 WORLD = 2
 TOL = 1e-6
@@ -191,7 +191,7 @@ def runs(tmp_path_factory):
     """``{case: (single, rank0, rank1)}`` result dicts."""
     import torch.multiprocessing as mp
 
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     outdir = tmp_path_factory.mktemp("ddp")
     mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=True)
@@ -361,7 +361,7 @@ def test_torchrun_fit_distributed_cli(tmp_path):
     from pathlib import Path
 
     from gpcore.cli import main
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     repo = Path(__file__).resolve().parents[2]
     args = ["fit", "--data", "sample:synthetic", "--y", "download_mbps", "--transform", "log10", "--model", "dbk",

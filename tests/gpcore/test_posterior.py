@@ -221,7 +221,7 @@ def test_samples_need_the_residual_correlation(data):
 
 def test_no_feature_form_is_a_clear_error(data):
     from gpcore import InputError
-    from gpcore.models.base import GPModel
+    from gpcore.models import GPModel
 
     class Bare(GPModel):
         pass

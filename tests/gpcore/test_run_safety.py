@@ -76,7 +76,7 @@ def test_a_model_with_nan_parameters_is_never_saved(csv_file, tmp_path, monkeypa
     """The last line of defence: whatever training reported, NaN parameters or predictions write no run."""
     import torch
 
-    from gpcore.models.base import GPModel
+    from gpcore.models import GPModel
 
     real_fit = GPModel.fit
 
@@ -123,7 +123,7 @@ def test_nan_validation_never_counts_as_improved(monkeypatch):
 
 
 def test_a_crash_while_writing_leaves_no_half_run(csv_file, tmp_path, monkeypatch):
-    from gpcore.models.base import GPModel
+    from gpcore.models import GPModel
 
     def boom(self, path):
         raise OSError(28, "No space left on device")

@@ -42,7 +42,7 @@ def test_weight_column_reaches_the_model_and_the_metrics(weighted_run, csv_file)
     manifest = json.loads((weighted_run / "run.json").read_text())
     assert manifest["config"]["weight"] == "tests"
     assert manifest["weights"]["column"] == "tests" and manifest["weights"]["nugget_variance"] > 0
-    from gpcore.models.base import load_model
+    from gpcore.models import load_model
 
     model = load_model(weighted_run / "model")
     assert model.weighted
