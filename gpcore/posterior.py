@@ -180,7 +180,7 @@ class JointPosterior:
         return float((self.model._noise_s() + self.model._nugget_s()).detach())
 
     def _xs(self, X, what: str = "X") -> torch.Tensor:
-        from gpcore.models import as_2d_float
+        from gpcore.models.base import as_2d_float
 
         return self.model.scale_x(as_2d_float(X, what, d=self.model.d_))
 
