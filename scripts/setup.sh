@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install the project with its dev extras.
+# Create .venv and install the project with the extras in $EXTRAS (default app,dev,bench:
+# the dashboard, the test tools and the benchmark peer; EXTRAS= installs the library alone).
 # Installs the CPU build of torch first when no CUDA GPU is present, so that the
 # `torch>=2.3` range in pyproject.toml does not pull a multi-GB CUDA build.
 set -euo pipefail
@@ -18,4 +19,9 @@ if ! python -c "import torch" >/dev/null 2>&1; then
       || python -m pip install --quiet "torch>=2.3" --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-python -m pip install --quiet -e ".[${EXTRAS:-dev,bench}]"
+EXTRAS=${EXTRAS-app,dev,bench}
+if [ -n "$EXTRAS" ]; then
+  python -m pip install --quiet -e ".[$EXTRAS]"
+else
+  python -m pip install --quiet -e .
+fi

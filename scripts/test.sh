@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Set up (venv, CPU torch when no GPU, project + dev/bench extras, Chromium for the browser
+# Set up (venv, CPU torch when no GPU, project + app/dev/bench extras, Chromium for the browser
 # tests) and run the whole test suite, then the benchmarks in smoke mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=dev,bench bash scripts/setup.sh
+EXTRAS=app,dev,bench bash scripts/setup.sh
 if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = "0" ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
