@@ -27,7 +27,7 @@ column, rows (1-based data rows) and the fix.
 """
 
 from gpcore.data import synthetic, temporal
-from gpcore.data._formats import DEFAULT_MAX_BYTES
+from gpcore.data._source import DEFAULT_MAX_BYTES
 from gpcore.data.export import PRED_COLUMNS, export_predictions
 from gpcore.data.grid import DEFAULT_MAX_CELLS, GridSpec, make_grid
 from gpcore.data.inputs import ModelInputs, model_inputs

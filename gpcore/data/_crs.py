@@ -11,6 +11,12 @@ import shapely
 WGS84 = pyproj.CRS.from_epsg(4326)
 
 
+def crs_name(crs: pyproj.CRS) -> str:
+    """``"EPSG:32615 (WGS 84 / UTM zone 15N)"``, or the CRS's name when it has no EPSG code (for messages)."""
+    epsg = crs.to_epsg()
+    return f"EPSG:{epsg} ({crs.name})" if epsg else crs.name
+
+
 def local_crs(lon: float, lat: float) -> pyproj.CRS:
     """A metric CRS for work around ``(lon, lat)``: its WGS 84 UTM zone, or polar LAEA beyond 84 deg."""
     if not (np.isfinite(lon) and np.isfinite(lat)):

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gpcore.data._formats import DEFAULT_MAX_BYTES, open_source
+from gpcore.data._parsers import read_frame
+from gpcore.data._source import DEFAULT_MAX_BYTES, open_source
+from gpcore.data._validate import NA_TOKENS
 from gpcore.data.report import ReadReport, rows_text, values_text
 
 #: Column names (lower case, non-letters removed) that hold coordinates, never a target.
@@ -74,17 +76,13 @@ class ColumnProfile:
 
 def read_table(source, *, name: str | None = None, max_bytes: int | None = DEFAULT_MAX_BYTES) -> pd.DataFrame:
     """The file's table as read (all columns, no row dropped); DataError for unreadable files."""
-    from gpcore.data.readers import _read_frame
-
     src = open_source(source, name, max_bytes)
-    df, _, _ = _read_frame(src, ReadReport(file=src.name), layer=None, sep=None, decimal=".")
+    df, _, _ = read_frame(src, ReadReport(file=src.name), layer=None, sep=None, decimal=".")
     return df
 
 
 def profile_column(s: pd.Series) -> ColumnProfile:
     """Profile one column with the same rules :func:`read_measurements` applies to a target column."""
-    from gpcore.data.readers import NA_TOKENS
-
     name = str(s.name)
     rows = np.arange(1, len(s) + 1)
     if isinstance(s, pd.DataFrame) or pd.api.types.is_bool_dtype(s):

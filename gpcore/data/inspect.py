@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from gpcore.data import _bundled
-from gpcore.data._formats import DEFAULT_MAX_BYTES
+from gpcore.data._source import DEFAULT_MAX_BYTES
 from gpcore.data.readers import read_measurements
 from gpcore.data.strata import assign_strata
 from gpcore.data.transforms import TRANSFORMS

@@ -103,7 +103,9 @@ def read_polygons(source, *, name: str | None = None, layer=None) -> gpd.GeoData
 
     ``source`` is a path, bytes or an upload; polygons without a CRS are taken as EPSG:4326.
     """
-    from gpcore.data._formats import DEFAULT_MAX_BYTES, detect_format, open_source, read_ogr, read_parquet
+    from gpcore.data._parsers import read_ogr, read_parquet
+    from gpcore.data._sniff import detect_format
+    from gpcore.data._source import DEFAULT_MAX_BYTES, open_source
     from gpcore.data.report import ReadReport
 
     src = open_source(source, name, DEFAULT_MAX_BYTES)

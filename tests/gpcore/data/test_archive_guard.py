@@ -147,9 +147,9 @@ def test_parquet_that_decodes_far_past_the_limit_is_refused(tmp_path):
 
 def test_the_streamed_count_stops_a_member_even_without_the_declared_check(monkeypatch):
     """Defence in depth: with the declared-size check switched off the streamed count still stops at the limit."""
-    from gpcore.data import _formats
+    from gpcore.data import _source
 
-    monkeypatch.setattr(_formats, "check_zip_sizes", lambda *a, **k: None)
+    monkeypatch.setattr(_source, "check_zip_sizes", lambda *a, **k: None)
     msg = _expect_too_big(_zip({"speeds.csv": _csv_bytes(30_000)}), "stream.zip", target="mbps")
     assert "the zip member 'speeds.csv' unpacks to more than" in msg
     _expect_too_big(_shapefile_zip(2000, pad_text=250), "stream_shape.zip", target="mbps")
