@@ -8,6 +8,7 @@ reprojected to EPSG:4326 on reading; projected CRSs are used only inside this pa
 equal-area projections for centroids, km grids and spatial blocks). A region box is ``(W, E, S, N)``.
 Models do their own input scaling (the DBK protocol maps ``(lon, lat)`` to ``[-1, 1]^2`` with the state's
 bounding box, :func:`state_bbox`); nothing here rescales coordinates.
+The formats read and this convention in full: docs/data.md.
 
 Parts
 -----

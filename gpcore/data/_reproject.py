@@ -12,6 +12,7 @@ from gpcore.data._crs import WGS84, crs_name, project
 from gpcore.data._validate import ReadContext
 from gpcore.errors import DataError
 
+#: Projected CRSs tried when lon/lat columns hold metres, to suggest crs= in the message.
 _PROJECTED_GUESSES = (
     "EPSG:3857",
     "EPSG:5070",

@@ -1,6 +1,7 @@
 """Telling a file's format from its first bytes (then its name), its text encoding and its CSV delimiter.
 
-Internal to the readers (:mod:`gpcore.data._parsers`). Every failure becomes a :class:`DataError` naming the file.
+Internal to the readers (:mod:`gpcore.data._parsers`, :func:`gpcore.data.read_polygons`). Every failure becomes a
+:class:`DataError` naming the file.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from gpcore.data._source import Source, zip_names
 from gpcore.data.report import ReadReport
 from gpcore.errors import DataError
 
+#: File name suffixes, lower case, by format (the content decides first; see :func:`detect_format`).
 TEXT_SUFFIXES = {".csv", ".tsv", ".tab", ".txt", ".dat", ".xyz", ".psv"}
 PARQUET_SUFFIXES = {".parquet", ".geoparquet", ".pq", ".parq"}
 JSON_SUFFIXES = {".geojson", ".json", ".geojsonl"}

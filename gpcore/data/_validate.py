@@ -19,6 +19,7 @@ import pandas as pd
 from gpcore.data.report import ROWS_NOTE, ReadReport, rows_text, values_text
 from gpcore.errors import DataError
 
+#: Cell texts (stripped, lower case) read as missing values.
 NA_TOKENS = {"", "na", "n/a", "nan", "null", "none", "-", "--", "?", "missing", "#n/a", "nd", "<na>"}
 _DECIMAL_COMMA = re.compile(r"^[+-]?\d+,\d+$")
 
@@ -35,6 +36,8 @@ class _Problem:
 
 @dataclass
 class ReadContext:
+    """What one read knows while it checks columns: the file, its report, the rows left and the problems found."""
+
     src_name: str
     report: ReadReport
     rows: np.ndarray  # 1-based row numbers of the current frame

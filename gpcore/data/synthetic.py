@@ -1,6 +1,6 @@
 """Seeded synthetic data with known true mean and noise, for tests and demos.
 
-* :func:`hetero_1d` — the DBK paper's 1-D heteroscedastic toy (ALGORITHMS.md 2.11, erratum D1):
+* :func:`hetero_1d` — the DBK paper's 1-D heteroscedastic toy (docs/methods/dbk.md §2.11, erratum D1):
   ``x ~ U[-1, 1]``, ``mu(x) = 0.3 (1 - s1) + 0.9 (s1 - s2) - 0.6 (s2 - s3)`` with
   ``s1 = logistic(200 (x + 0.6))``, ``s2 = logistic(200 x)``, ``s3 = logistic(200 (x - 0.4))``, and noise sd
   ``sigma(x) = amplitude * |sin(10 x)|`` (amplitude 0.2 by default; the paper's printed "2" is an erratum).
@@ -58,7 +58,7 @@ def hetero_1d(n: int, seed: int = 0, amplitude: float = 0.2):
         Number of points.
     seed : int
     amplitude : float
-        Noise amplitude (default 0.2, see ALGORITHMS.md erratum D1).
+        Noise amplitude (default 0.2, see docs/methods/dbk.md §2.11, erratum D1).
 
     Returns
     -------
