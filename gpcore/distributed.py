@@ -7,8 +7,15 @@ Launch any mini-batch model on N processes of one machine, or across machines::
 Inside, :func:`init_distributed` reads torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) and picks the backend: NCCL when CUDA GPUs are
 present (each process takes GPU ``LOCAL_RANK``), gloo on CPUs. :func:`session` activates the
-context; while it is active, :func:`gpcore.train.train` (called by ``GPModel.fit``) trains across
-all processes. Every process must make the same ``fit`` call; only rank 0 should write files.
+context; while it is active, the training loop (:func:`gpcore.models.training.train`, called by
+``GPModel.fit``) trains across all processes. Every process must make the same ``fit`` call; only rank 0
+should write files. Method and measurements: docs/scaling.md.
+
+Layering: the process-group primitives the models need (the current context, :func:`gpcore.comm.batch_max`,
+:func:`gpcore.comm.reduce_stats_`, :func:`gpcore.comm.local_grad_scale`) live in :mod:`gpcore.comm`, below
+the models; this module builds on it. The loop does not import this module either: it asks the current
+context for its step strategy (:meth:`DistContext.training_steps`, a :class:`DistributedSteps`), so the
+dependency points from here down to the models, never back.
 
 Global-batch semantics (what "the same model as single-process training" means)
 -------------------------------------------------------------------------------
@@ -23,17 +30,17 @@ the global batch ``B`` (the global terms are counted once because ``sum_k b_k / 
 holds for every loss that is a mean of per-point terms plus global terms (DBK-dPPGP, SVGP, PPGP,
 SV-DKL, PP-DKL, SOLVE-GP) with no change to the model, up to floating-point summation order.
 
-Two kinds of loss need more than this, and the models use the hooks below:
+Two kinds of loss need more than this, and the models use the collectives of :mod:`gpcore.comm`:
 
 * **In-batch reductions** such as the dPPGP trace term's ``k_b = max_{j in B} ||phi_j||^2``:
-  :func:`batch_max` returns the maximum over the *global* batch (an all-gather of the per-rank
+  :func:`~gpcore.comm.batch_max` returns the maximum over the *global* batch (an all-gather of the per-rank
   maxima). Its gradient flows only to the rank that owns the arg-max (the lowest rank on a tie),
   which receives the sum over ranks of the upstream gradients (an all-reduce in the backward), so
   the parameter gradient equals the single-process one. Outside a distributed step it is
   ``t.max()``.
 * **Full-batch statistics** such as exact DBK-MML's ``A = Phi^T Phi``, ``Phi^T y``, ``Phi^T 1``:
-  :func:`reduce_stats_` all-reduces (sums) them in place, and gradient contributions computed from
-  a rank's own rows are multiplied by :func:`local_grad_scale` because the trainer averages
+  :func:`~gpcore.comm.reduce_stats_` all-reduces (sums) them in place, and gradient contributions computed from
+  a rank's own rows are multiplied by :func:`~gpcore.comm.local_grad_scale` because the trainer averages
   gradients over ranks. Full-batch models declare support with ``distributed_full_batch = True``
   and are stepped through their own ``_step`` with a manual gradient all-reduce (no DDP wrapper,
   since the two-pass step calls ``backward`` several times).
@@ -64,20 +71,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpcore.comm import activate, comm_device, current, step_scope
 from gpcore.errors import ConfigError
 
 __all__ = [
     "DistContext",
-    "batch_max",
+    "barrier",
     "current",
     "init_distributed",
-    "is_active",
-    "local_grad_scale",
-    "rank",
-    "reduce_stats_",
     "session",
     "shutdown",
-    "world_size",
 ]
 
 
@@ -90,8 +93,8 @@ class DistContext:
     rank, world_size, local_rank : torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``.
     backend : ``"nccl"`` or ``"gloo"``.
     device : the device this process trains on (``cuda:LOCAL_RANK`` with NCCL, else CPU).
-    group : process group used by the model-level reductions (:func:`batch_max`,
-        :func:`reduce_stats_`); separate from DDP's so their collectives never interleave.
+    group : process group used by the model-level reductions (:func:`gpcore.comm.batch_max`,
+        :func:`gpcore.comm.reduce_stats_`); separate from DDP's so their collectives never interleave.
     sharded : the data handed to ``fit`` is this rank's shard (:func:`gpcore.sharded.fit_sharded`), not a copy
         of the full training set.
     """
@@ -116,55 +119,33 @@ class DistContext:
         """Whether the data a model is looking at right now is this rank's part of a larger set."""
         return self.world_size > 1 and (self.in_step or self.sharded)
 
+    def training_steps(self, model, Xs: torch.Tensor, ys: torch.Tensor, ws: torch.Tensor | None = None):
+        """The step strategy :func:`gpcore.models.training.train` uses on this rank (:class:`DistributedSteps`).
 
-_CURRENT: DistContext | None = None
-
-
-def current() -> DistContext | None:
-    """The active :class:`DistContext` (inside :func:`session`), else ``None``."""
-    return _CURRENT
-
-
-def is_active() -> bool:
-    """Whether a distributed session with more than one process is active."""
-    return _CURRENT is not None and _CURRENT.world_size > 1
-
-
-def world_size() -> int:
-    return _CURRENT.world_size if _CURRENT is not None else 1
-
-
-def rank() -> int:
-    return _CURRENT.rank if _CURRENT is not None else 0
+        The loop finds it on the current context (:func:`gpcore.comm.current`), so it never imports this module.
+        """
+        check_supported(model)
+        n = Xs.shape[0]
+        probe = (Xs[:8], ys[:8], n) if n > 0 else None
+        cfg = model.config
+        return DistributedSteps(model, self, n, cfg.batch_size, model.full_batch, cfg.seed, probe,
+                                None if ws is None else ws[:8])
 
 
 @contextlib.contextmanager
 def session(ctx: DistContext | None, sharded: bool | None = None) -> Iterator[DistContext | None]:
-    """Activate ``ctx`` so that ``GPModel.fit`` / :func:`gpcore.train.train` train across ranks."""
-    global _CURRENT
-    prev = _CURRENT
+    """Activate ``ctx`` so that ``GPModel.fit`` (:func:`gpcore.models.training.train`) trains across ranks."""
     prev_sharded = ctx.sharded if ctx is not None else None
     if ctx is not None and sharded is not None:
         ctx.sharded = sharded
-    _CURRENT = ctx
     try:
-        yield ctx
+        with activate(ctx):
+            yield ctx
     finally:
-        _CURRENT = prev
         if ctx is not None:
             ctx.sharded = prev_sharded
             ctx.in_step = False
             ctx.empty_shard = False
-
-
-@contextlib.contextmanager
-def step_scope(ctx: DistContext, empty: bool = False):
-    """Mark one optimisation step: the batch a model sees is this rank's shard of a global batch."""
-    ctx.in_step, ctx.empty_shard = True, empty
-    try:
-        yield
-    finally:
-        ctx.in_step, ctx.empty_shard = False, False
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,111 +213,16 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def _comm_device(ctx: DistContext) -> torch.device:
-    return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
-
-
 def barrier(ctx: DistContext | None = None) -> None:
     import torch.distributed as dist
 
-    ctx = ctx or _CURRENT
+    ctx = ctx or current()
     if ctx is None or ctx.world_size == 1:
         return
     if ctx.backend == "nccl":
         dist.barrier(group=ctx.group, device_ids=[ctx.device.index])
     else:
         dist.barrier(group=ctx.group)
-
-
-# --------------------------------------------------------------------------------------------
-# model hooks
-# --------------------------------------------------------------------------------------------
-
-
-class _GlobalMax(torch.autograd.Function):
-    """Max over the global batch; gradient to the owning rank, summed over ranks."""
-
-    @staticmethod
-    def forward(fctx, local_max: torch.Tensor, dctx: DistContext, exclude: bool):
-        import torch.distributed as dist
-
-        val = local_max.detach().reshape(1).clone()
-        if exclude:
-            val.fill_(-math.inf)
-        parts = [torch.empty_like(val) for _ in range(dctx.world_size)]
-        dist.all_gather(parts, val, group=dctx.group)
-        allv = torch.cat(parts)
-        owner = torch.argmax(allv)  # first (lowest-rank) maximum; stays on the device, no sync
-        fctx.dctx = dctx
-        fctx.save_for_backward(owner)
-        return allv.max().reshape(local_max.shape).to(local_max.dtype)
-
-    @staticmethod
-    def backward(fctx, grad: torch.Tensor):
-        import torch.distributed as dist
-
-        (owner,) = fctx.saved_tensors
-        dctx = fctx.dctx
-        total = grad.detach().clone().contiguous()
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=dctx.group)
-        mine = (owner == dctx.rank).to(total.dtype)
-        return total * mine, None, None
-
-
-def batch_max(t: torch.Tensor) -> torch.Tensor:
-    """Maximum of ``t`` over the *global* batch (a scalar).
-
-    Single process, or outside a distributed training step: ``t.max()``. Inside one: the maximum
-    over all ranks' shards of the global batch; the gradient reaches only the rank owning the
-    arg-max (lowest rank on ties), which gets the upstream gradients of all ranks summed, so that
-    the averaged parameter gradient equals the single-process gradient of ``max``.
-    """
-    ctx = _CURRENT
-    local = t.max()
-    if ctx is None or ctx.world_size == 1 or not ctx.in_step:
-        return local
-    return _GlobalMax.apply(local, ctx, ctx.empty_shard)
-
-
-def reduce_stats_(*tensors: torch.Tensor, count: int | None = None) -> int | None:
-    """Sum additive statistics over ranks, in place, when the data they were computed from is a shard.
-
-    Call it on sums over rows (``Phi^T Phi``, ``Phi^T y``, ``y^T y``, ...) right after computing
-    them from the rows a model was handed. ``count`` (the number of those rows) is summed too and
-    returned (unchanged without an active distributed session). One all-reduce of one buffer.
-    """
-    ctx = _CURRENT
-    if ctx is None or not ctx.data_is_shard:
-        return count
-    import torch.distributed as dist
-
-    dev = _comm_device(ctx)
-    flat = [t.detach().reshape(-1).to(device=dev, dtype=torch.float64) for t in tensors]
-    if count is not None:
-        flat.append(torch.tensor([float(count) if not ctx.empty_shard else 0.0], dtype=torch.float64, device=dev))
-    if ctx.empty_shard:
-        flat = [torch.zeros_like(f) for f in flat[: len(tensors)]] + flat[len(tensors) :]
-    buf = torch.cat(flat)
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=ctx.group)
-    off = 0
-    with torch.no_grad():
-        for t in tensors:
-            k = t.numel()
-            t.copy_(buf[off : off + k].reshape(t.shape).to(device=t.device, dtype=t.dtype))
-            off += k
-    if count is not None:
-        return int(round(float(buf[off].item())))
-    return None
-
-
-def local_grad_scale() -> float:
-    """Factor for gradient contributions a model computes from its own rows (``W`` on a shard, else 1).
-
-    The trainer *averages* gradients over ranks (like DDP); a contribution that must be *summed*
-    over ranks (the second pass of the chunked exact-MML step) is therefore multiplied by ``W``.
-    """
-    ctx = _CURRENT
-    return float(ctx.world_size) if ctx is not None and ctx.data_is_shard else 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,8 +238,8 @@ class _LossModule(nn.Module):
         self.inner = model.module_
         self._model = [model]  # not registered as a submodule
 
-    def forward(self, xb, yb, n):
-        return self._model[0]._loss(xb, yb, n)
+    def forward(self, xb, yb, n, wb=None):
+        return self._model[0]._loss(xb, yb, n, wb)
 
 
 def check_supported(model) -> None:
@@ -401,23 +287,25 @@ def average_gradients(params: list[torch.Tensor], ctx: DistContext) -> None:
 
 
 class DistributedSteps:
-    """How :func:`gpcore.train.train` runs batches on one rank of a distributed job.
+    """How :func:`gpcore.models.training.train` runs batches on one rank of a distributed job.
 
     Replicated data: each global batch (the single-process trainer's) is split ``batch[rank::W]``.
     Sharded data: each rank permutes its own rows (seeded by ``seed`` and rank) and cuts them into
     the same number of batches per epoch as a single process would have.
     """
 
-    def __init__(self, model, ctx: DistContext, n_local: int, batch_size: int, full: bool, seed: int, probe=None):
+    def __init__(self, model, ctx: DistContext, n_local: int, batch_size: int, full: bool, seed: int, probe=None,
+                 probe_w: torch.Tensor | None = None):
         import torch.distributed as dist
 
         self._probe = probe  # (xb, yb, n): a few local rows to find unused parameters before wrapping in DDP
+        self._probe_w = probe_w  # their weights (weighted fits)
         self.model = model
         self.ctx = ctx
         self.W = ctx.world_size
         self.full = full
         self.n_local = n_local
-        dev = _comm_device(ctx)
+        dev = comm_device(ctx)
         if ctx.sharded:
             counts = torch.tensor([float(n_local)], dtype=torch.float64, device=dev)
             parts = [torch.empty_like(counts) for _ in range(self.W)]
@@ -466,13 +354,13 @@ class DistributedSteps:
         cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
             with step_scope(ctx):
-                loss = model._loss(xb, yb, n)
+                loss = model._loss(xb, yb, n, self._probe_w)
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
         finally:
             torch.set_rng_state(cpu_state)
             if cuda_state is not None:
                 torch.cuda.set_rng_state_all(cuda_state)
-        flag = torch.tensor([1.0 if any(g is None for g in grads) else 0.0], device=_comm_device(ctx))
+        flag = torch.tensor([1.0 if any(g is None for g in grads) else 0.0], device=comm_device(ctx))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
         return bool(flag.item() > 0)
 
@@ -500,21 +388,20 @@ class DistributedSteps:
     def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int, ws=None) -> torch.Tensor:
         """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached).
 
-        ``ws``: this rank's rows' weights (weighted fits), handed to the loss as ``model._wb``."""
+        ``ws``: this rank's rows' weights (weighted fits); the loss gets those of the shard's rows."""
         empty = b_local == 0
         if empty:  # keep every rank in the collectives; contributes nothing
             xb, yb = Xs[:1], ys[:1]
         else:
             xb, yb = Xs[local_idx], ys[local_idx]
-        if ws is not None:
-            self.model._wb = ws[:1] if empty else ws[local_idx]
+        wb = None if ws is None else (ws[:1] if empty else ws[local_idx])
         share = b_local / b_global
         with step_scope(self.ctx, empty=empty):
             if self.manual:
-                loss = self.model._step(xb, yb, n)
+                loss = self.model._step(xb, yb, n, wb)
                 average_gradients(list(self.model.module_.parameters()), self.ctx)
             else:
-                loss = self.ddp(xb, yb, n)
+                loss = self.ddp(xb, yb, n, wb)
                 (loss * (self.W * share)).backward()
                 loss = loss.detach()
         return loss * share
@@ -522,7 +409,7 @@ class DistributedSteps:
     def reduce_epoch_total(self, total: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        buf = total.reshape(1).to(_comm_device(self.ctx))
+        buf = total.reshape(1).to(comm_device(self.ctx))
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.ctx.group)
         return buf.reshape(()).to(total.device)
 
@@ -541,14 +428,14 @@ class DistributedSteps:
                 Xv, yv = Xv[self.ctx.rank :: self.W], yv[self.ctx.rank :: self.W]
                 wv = None if wv is None else wv[self.ctx.rank :: self.W]
             mean, var_f = model.predict_scaled(Xv)
-            var_y = var_f + model._noise_of(wv)
+            var_y = var_f + model.likelihood.variance(wv)
             stats = torch.stack(
                 [
                     gaussian_nll(yv, mean, var_y).double().sum(),
                     (yv - mean).double().pow(2).sum(),
                     torch.tensor(float(yv.shape[0]), dtype=torch.float64, device=mean.device),
                 ]
-            ).to(_comm_device(self.ctx))
+            ).to(comm_device(self.ctx))
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=self.ctx.group)
         s_nll, s_se, cnt = (float(v) for v in stats.cpu())
         cnt = max(cnt, 1.0)
@@ -558,7 +445,7 @@ class DistributedSteps:
         """Rank 0's flags (cancel, out of time, ...) on every rank."""
         import torch.distributed as dist
 
-        buf = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64, device=_comm_device(self.ctx))
+        buf = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64, device=comm_device(self.ctx))
         dist.broadcast(buf, src=0, group=self.ctx.group)
         return [bool(v > 0.5) for v in buf.cpu()]
 

@@ -14,15 +14,16 @@ with ``w`` and ``g`` independent (standardised target units, scaled inputs):
   it is never treated as independent noise here. The exact GP and CaGP are the special case
   ``F = 0`` with ``psi(x) = L_J^{-1} T^T k(J, x)`` (their whole posterior is a downdated prior).
 
-Each model's ``_feature_form()`` (in its own file, derived from its posterior in ALGORITHMS.md)
-returns a :class:`FeatureForm`; the residual is described by a :class:`Residual`: the prior kernel on
-the base kernel's inputs ``a(x)``, and the *conditioning set* ``J`` (inducing points, or the training
-inputs), the map ``T^T`` (identity, or CaGP's actions ``S^T``) and the Cholesky factor ``L_J`` with
-``L_J L_J^T = T^T (K_JJ + nu I) T`` such that ``psi(x) = L_J^{-1} T^T k(J, x)``. Then ``g(x) =
-h(x) - psi(x)^T L_J^{-1} T^T (h(J) + sqrt(nu) eps)`` for a prior draw ``h ~ GP(0, k)`` has exactly the
-covariance ``k - psi psi^T``: this is pathwise conditioning (Wilson et al. 2020), and with ``h`` drawn
-as random Fourier features of the base kernel — fresh frequencies for every sample, so the sample
-covariance is unbiased for ``k`` itself — a joint sample over ``n`` places costs ``O(n (p + D))``.
+Each model's ``_feature_form()`` (in its own file, derived from its posterior on its docs/methods/ page)
+returns a :class:`~gpcore.models.features.FeatureForm`; the residual is described by a
+:class:`~gpcore.models.features.Residual`: the prior kernel on the base kernel's inputs ``a(x)``, and the
+*conditioning set* ``J`` (inducing points, or the training inputs), the map ``T^T`` (identity, or CaGP's
+actions ``S^T``) and the Cholesky factor ``L_J`` with ``L_J L_J^T = T^T (K_JJ + nu I) T`` such that
+``psi(x) = L_J^{-1} T^T k(J, x)``. Then ``g(x) = h(x) - psi(x)^T L_J^{-1} T^T (h(J) + sqrt(nu) eps)`` for a
+prior draw ``h ~ GP(0, k)`` has exactly the covariance ``k - psi psi^T``: this is pathwise conditioning
+(Wilson et al. 2020), and with ``h`` drawn
+as random Fourier features of the base kernel — fresh frequencies for every sample, so the sample covariance
+is unbiased for ``k`` itself — a joint sample over ``n`` places costs ``O(n (p + D))``.
 
 Operations (:class:`JointPosterior`; caller units in and out, float64):
 
@@ -43,61 +44,18 @@ residual).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from gpcore.errors import InputError
+from gpcore.models import as_2d_float
+from gpcore.models.features import FeatureForm, Residual
 
 #: random Fourier features per residual sample (the sample covariance is unbiased for any D)
 DEFAULT_RFF = 512
 #: rows per chunk when computing features
 CHUNK = 4096
-
-
-@dataclass
-class Residual:
-    """The part of the prior outside the features: ``g ~ GP(0, k(a, a') - psi^T psi')`` (see module doc).
-
-    Attributes
-    ----------
-    latent : ``x (b x d, scaled) -> a(x) (b x q)``, the base kernel's inputs (identity, or a backbone).
-    kernel : ``(a1, a2) -> k`` (``n1 x n2``, float64), the prior kernel on latent inputs.
-    base : ``"rbf" | "matern12" | "matern32" | "matern52"`` and ``lengthscale`` (``(q,)`` or ``(1,)``),
-        ``outputscale`` (scalar): the stationary base kernel, for random features.
-    cond : ``J`` in latent coordinates (``|J| x q``); ``chol``: ``L_J`` (``p x p``, lower, float64);
-        ``nu``: the variance added to ``K_JJ`` (jitter or the noise); ``project``: ``T^T`` as a
-        function ``(|J| x s) -> (p x s)``, ``None`` for the identity.
-    """
-
-    latent: Callable[[torch.Tensor], torch.Tensor]
-    kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    base: str
-    lengthscale: torch.Tensor
-    outputscale: float
-    cond: torch.Tensor
-    chol: torch.Tensor
-    nu: float
-    project: Callable[[torch.Tensor], torch.Tensor] | None = None
-
-
-@dataclass
-class FeatureForm:
-    """``f = mu0 + psi^T w + g``, ``w ~ N(mean, factor factor^T)``, ``g`` the :class:`Residual` (or none).
-
-    ``features(xs)`` maps scaled inputs (``b x d``) to ``psi`` (``b x p``, float64); ``factor`` is
-    ``p x q`` (``q = 0`` when the weights are not random, as for the exact GP); standardised units.
-    ``note`` says what the model's form is, for docs and the dashboard.
-    """
-
-    features: Callable[[torch.Tensor], torch.Tensor]
-    mean: torch.Tensor
-    factor: torch.Tensor
-    mu0: float
-    residual: Residual | None = None
-    note: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,8 +138,6 @@ class JointPosterior:
         return float((self.model._noise_s() + self.model._nugget_s()).detach())
 
     def _xs(self, X, what: str = "X") -> torch.Tensor:
-        from gpcore.models.base import as_2d_float
-
         return self.model.scale_x(as_2d_float(X, what, d=self.model.d_))
 
     @torch.no_grad()

@@ -1,30 +1,15 @@
 """Model families. Importing this package registers every model with :func:`gpcore.make_model`.
 
-One file per family; each registers itself with :func:`gpcore.models.base.register`.
-Families whose optional pieces fail to import are skipped with a warning instead of breaking
-the registry.
+One file per family; each registers itself with :func:`gpcore.models.registry.register`. The shared
+pieces: ``base.py`` (the model class), ``config.py``, ``registry.py``, ``inputs.py``, ``likelihood.py``,
+``recalibration.py``, ``io.py``, ``training.py`` (the optimisation loop) and ``features.py`` (the feature
+form the joint posterior builds on). Nothing in this package imports :mod:`gpcore.posterior`,
+:mod:`gpcore.distributed` or any other module above it (tests/gpcore/models/test_layering.py).
 """
 
-from gpcore.models import dbk, exact  # noqa: F401
-from gpcore.models.base import (  # noqa: F401
-    BaseConfig,
-    GPModel,
-    Prediction,
-    as_1d_float,
-    as_2d_float,
-    as_groups,
-    as_weights,
-    available_models,
-    load_model,
-    make_model,
-    model_spec,
-)
-from gpcore.models.base import _jsonable as jsonable  # noqa: F401
-
-# Families added by later work register themselves here, one import per file.
-for _name in ("svgp", "softki", "cagp", "solvegp", "vecchia", "dbknn"):
-    try:
-        __import__(f"gpcore.models.{_name}")
-    except ModuleNotFoundError as _e:  # file not present yet
-        if _e.name != f"gpcore.models.{_name}":
-            raise
+from gpcore.models import cagp, dbk, dbknn, exact, softki, solvegp, svgp, vecchia  # noqa: F401  (registers them)
+from gpcore.models.base import GPModel, Prediction  # noqa: F401
+from gpcore.models.config import BaseConfig  # noqa: F401
+from gpcore.models.inputs import as_1d_float, as_2d_float, as_groups, as_weights  # noqa: F401
+from gpcore.models.io import jsonable, load_model  # noqa: F401
+from gpcore.models.registry import available_models, make_model, model_spec  # noqa: F401

@@ -57,10 +57,13 @@ import torch
 from torch import nn
 
 from gpcore.errors import InputError
-from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
+from gpcore.models.base import GPModel
+from gpcore.models.config import BaseConfig, setting
+from gpcore.models.features import FeatureForm, Residual
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
+from gpcore.models.registry import register, register_alias
 
 CAGP_KERNELS = ("matern32", "matern52", "rbf")
 _SQRT3 = math.sqrt(3.0)
@@ -1013,14 +1016,14 @@ class CaGP(GPModel):
         mod = self.module_
         return projected_nll(mod.kernel, self.actions(Xs, S), ys, mod.mu0, mod.noise)
 
-    def refresh_cg_actions(self, Xs: torch.Tensor, ys: torch.Tensor) -> None:
-        """Recompute the CaGP-CG actions at the current hyperparameters (``actions="cg"``)."""
+    def refresh_cg_actions(self, Xs: torch.Tensor, ys: torch.Tensor, ws: torch.Tensor | None = None) -> None:
+        """Recompute the CaGP-CG actions at the current hyperparameters (``actions="cg"``; ``ws``: row weights)."""
         mod = self.module_
         S = cg_actions(
             mod.kernel,
             Xs,
             ys - mod.mu0.detach(),
-            self._noise_rows(mod.noise.detach()),
+            self.likelihood.variance(ws, mod.noise.detach()),
             min(self.config.num_actions, Xs.shape[0]),
             self.config.cg_tol,
         )
@@ -1033,7 +1036,7 @@ class CaGP(GPModel):
         ts = [Xs, *self.module_.parameters()]
         return tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype) for t in ts)
 
-    def _loss(self, xb, yb, n):
+    def _loss(self, xb, yb, n, wb=None):
         if xb.shape[0] != self.n_train_:
             raise InputError(
                 f"CaGP is trained full-batch: the loss needs all {self.n_train_} training points, "
@@ -1046,19 +1049,19 @@ class CaGP(GPModel):
         hit = cache is not None and cache[0] == self._state_key(xb)
         self._cache = None
         if self.config.actions == "cg" and not hit:
-            self.refresh_cg_actions(xb, yb)
+            self.refresh_cg_actions(xb, yb, wb)
         acts = mod.actions(xb)
         fn = elbo_loss if self.config.loss == "elbo" else projected_nll
-        s2 = self._noise_rows(mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
+        s2 = self.likelihood.variance(wb, mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
         parts = cagp_parts(mod.kernel, acts, yb, mod.mu0, s2, cached_KS=cache[1] if hit else None)
         loss = fn(mod.kernel, acts, yb, mod.mu0, s2, parts=parts)
         return (loss / n).to(xb.dtype)
 
-    def _finalize(self, Xs, ys):
+    def _finalize(self, Xs, ys, ws=None):
         mod = self.module_
         if self.config.actions == "cg":
-            self.refresh_cg_actions(Xs, ys)
-        p = cagp_parts(mod.kernel, mod.actions(Xs), ys, mod.mu0, self._noise_rows(mod.noise))
+            self.refresh_cg_actions(Xs, ys, ws)
+        p = cagp_parts(mod.kernel, mod.actions(Xs), ys, mod.mu0, self.likelihood.variance(ws, mod.noise))
         mod.register_buffer("Lc", p.Lc.detach().clone())
         mod.register_buffer("vt", p.vt.detach().clone())
         self._cache = (self._state_key(Xs), p.KS.detach())
@@ -1071,8 +1074,6 @@ class CaGP(GPModel):
         return mean.to(xb.dtype), var.clamp_min(0.0).to(xb.dtype)
 
     def _feature_form(self):
-        from gpcore.posterior import FeatureForm, Residual
-
         mod = self.module_
         acts = mod.actions()
         Lc, vt = mod.Lc.double(), mod.vt.double()

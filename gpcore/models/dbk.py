@@ -27,10 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpcore.distributed import batch_max, local_grad_scale, reduce_stats_
+from gpcore.comm import batch_max, local_grad_scale, reduce_stats_
 from gpcore.models.backbone import ResNetBackbone, linear_act
-from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
+from gpcore.models.base import GPModel
+from gpcore.models.config import BaseConfig, setting
+from gpcore.models.features import FeatureForm
 from gpcore.models.hyper import SoftplusHyperparameters
+from gpcore.models.inputs import as_2d_float
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import (
     LOG_2PI,
@@ -41,6 +44,7 @@ from gpcore.models.linalg import (
     triangular_row_sqnorm,
     tril_factor,
 )
+from gpcore.models.registry import register, register_alias
 
 
 @dataclass(frozen=True)
@@ -188,27 +192,29 @@ class DBK(GPModel):
             yield i, mod.features(Xs[i : i + chunk], Lz, scaled)
 
     # ------------------------------------------------------------------ objectives
-    def log_marginal_likelihood(self, Xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    def log_marginal_likelihood(self, Xs: torch.Tensor, ys: torch.Tensor,
+                                ws: torch.Tensor | None = None) -> torch.Tensor:
         """Exact DBK ``log p(y)`` (eq. 11) on scaled data, single pass, differentiable.
 
-        Weighted fits (``self._wb`` set): the diagonal noise ``tau^2 + sigma^2 / w_i``
+        Weighted fits (``ws``: the rows' weights): the diagonal noise ``tau^2 + sigma^2 / w_i``
         (:func:`mml_from_weighted_stats`)."""
         mod = self.module_
         Phi = mod.features(Xs).double()
         yd = ys.double()
-        if self._wb is not None:
-            stats = weighted_stats(Phi, yd, self._noise_rows(mod.noise))
+        if ws is not None:
+            stats = weighted_stats(Phi, yd, self.likelihood.variance(ws, mod.noise))
             return mml_from_weighted_stats(*stats, Xs.shape[0], mod.mu0.double())
         return mml_from_stats(
             Phi.T @ Phi, Phi.T @ yd, Phi.sum(0), yd @ yd, yd.sum(), Xs.shape[0], mod.mu0.double(), mod.noise.double()
         )
 
-    def dppgp_terms(self, xb: torch.Tensor, yb: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
-        """The three dPPGP loss terms on a batch (2.6): ``data``, ``trace``, ``kl`` (unweighted)."""
+    def dppgp_terms(self, xb: torch.Tensor, yb: torch.Tensor, n: int,
+                    wb: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The three dPPGP loss terms on a batch (§2.6): ``data``, ``trace``, ``kl`` (unweighted)."""
         mod = self.module_
         phi = mod.features(xb)
         L = mod.q_factor()
-        s2 = self._noise_rows(mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
+        s2 = self.likelihood.variance(wb, mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
         mu = mod.mu0 + phi @ mod.m
         s2y = triangular_row_sqnorm(phi, L) + s2
         data = gaussian_nll(yb, mu, s2y).mean()
@@ -220,26 +226,27 @@ class DBK(GPModel):
         kl = kl_std_normal(mod.m, L, mod.rho)
         return {"data": data, "trace": trace, "kl": kl}
 
-    def _loss(self, xb, yb, n):
+    def _loss(self, xb, yb, n, wb=None):
         if self.config.objective == "mml":
-            return -self.log_marginal_likelihood(xb, yb) / xb.shape[0]
-        t = self.dppgp_terms(xb, yb, n)
+            return -self.log_marginal_likelihood(xb, yb, wb) / xb.shape[0]
+        t = self.dppgp_terms(xb, yb, n, wb)
         return t["data"] + self.config.alpha * t["trace"] + (self.config.beta / n) * t["kl"]
 
-    def _step(self, xb, yb, n):
+    def _step(self, xb, yb, n, wb=None):
         if self.config.objective == "mml" and (xb.shape[0] > self.config.mml_chunk or local_grad_scale() != 1.0):
-            return self.two_pass_step(xb, yb, self.config.mml_chunk)
-        return super()._step(xb, yb, n)
+            return self.two_pass_step(xb, yb, self.config.mml_chunk, wb)
+        return super()._step(xb, yb, n, wb)
 
-    def two_pass_step(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int) -> torch.Tensor:
+    def two_pass_step(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int,
+                      ws: torch.Tensor | None = None) -> torch.Tensor:
         """Exact MML gradient in two chunked passes (ALGORITHMS.md 2.3); memory O(chunk r + r^2).
 
         Pass 1 accumulates ``A = Phi^T Phi``, ``Phi^T y``, ``Phi^T 1`` without a graph and
         back-propagates ``-log p / n`` through the r x r statistics; pass 2 recomputes each
         chunk's features with a graph and pushes the statistics' adjoints into the network.
         """
-        if self._wb is not None:
-            return self._two_pass_weighted(Xs, ys, chunk)
+        if ws is not None:
+            return self._two_pass_weighted(Xs, ys, chunk, ws)
         mod = self.module_
         n = Xs.shape[0]
         r = self.config.rank
@@ -275,14 +282,15 @@ class DBK(GPModel):
             (phi * grad_phi).sum().backward()
         return loss.detach()
 
-    def _two_pass_weighted(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int) -> torch.Tensor:
+    def _two_pass_weighted(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int, ws: torch.Tensor) -> torch.Tensor:
         """:meth:`two_pass_step` with per-point noise: pass 1 sums :func:`weighted_stats` without a graph
         and back-propagates ``-log p / n`` to them; pass 2 recomputes each chunk's statistics with a
         graph (features and noise) and back-propagates their inner product with those adjoints."""
         mod = self.module_
         n = Xs.shape[0]
         with torch.no_grad():
-            parts = [weighted_stats(phi, ys[i : i + chunk], self._noise_rows(mod.noise, i, i + chunk))
+            lik = self.likelihood
+            parts = [weighted_stats(phi, ys[i : i + chunk], lik.variance(ws, mod.noise, slice(i, i + chunk)))
                      for i, phi in self._features_chunked(Xs, chunk)]
             stats = [torch.stack([p[k] for p in parts]).sum(0) for k in range(7)]
             n_all = reduce_stats_(*stats, count=n)
@@ -294,23 +302,23 @@ class DBK(GPModel):
         share = local_grad_scale()
         for i in range(0, n, chunk):
             phi = mod.features(Xs[i : i + chunk])
-            st = weighted_stats(phi, ys[i : i + chunk], self._noise_rows(mod.noise, i, i + chunk))
+            st = weighted_stats(phi, ys[i : i + chunk], self.likelihood.variance(ws, mod.noise, slice(i, i + chunk)))
             surrogate = sum((a * g).sum() for a, g in zip(st, adj, strict=True))
             (surrogate * share).backward()
         return loss.detach()
 
     # ------------------------------------------------------------------ posterior
-    def _finalize(self, Xs, ys):
+    def _finalize(self, Xs, ys, ws=None):
         """Exact weight posterior (eq. 10), chunked: cache ``wbar`` and ``U = sqrt(s2) L_Lambda^{-T}``."""
         mod = self.module_
         r = self.config.rank
         A = torch.zeros(r, r, dtype=torch.float64, device=Xs.device)
         c = torch.zeros(r, dtype=torch.float64, device=Xs.device)
         mu0 = mod.mu0.double()
-        if self._wb is not None:  # diagonal noise D: q(w) = N((I + Phi^T D^-1 Phi)^-1 Phi^T D^-1 yc, (I + ...)^-1)
+        if ws is not None:  # diagonal noise D: q(w) = N((I + Phi^T D^-1 Phi)^-1 Phi^T D^-1 yc, (I + ...)^-1)
             chunk = self.config.predict_batch_size
             for i, phi in self._features_chunked(Xs, chunk):
-                pw = phi.double() / self._noise_rows(mod.noise.double(), i, i + chunk)[:, None]
+                pw = phi.double() / self.likelihood.variance(ws, mod.noise.double(), slice(i, i + chunk))[:, None]
                 A += pw.T @ phi.double()
                 c += pw.T @ (ys[i : i + phi.shape[0]].double() - mu0)
             reduce_stats_(A, c)
@@ -382,8 +390,6 @@ class DBK(GPModel):
         return inner
 
     def _feature_form(self):
-        from gpcore.posterior import FeatureForm
-
         mod = self.module_
         m, F = self.posterior_q()
         Lz = mod.chol_zz() if mod.basis == "rbf" else None
@@ -398,8 +404,6 @@ class DBK(GPModel):
     @torch.no_grad()
     def features(self, X) -> torch.Tensor:
         """``phi(X)`` for caller inputs (``n x r`` tensor, standardised-target units)."""
-        from gpcore.models.base import as_2d_float
-
         return self.module_.features(self.scale_x(as_2d_float(X, "X", d=self.d_)))
 
 

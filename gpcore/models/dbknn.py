@@ -70,9 +70,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from gpcore.models.base import register, setting
+from gpcore.models import training
+from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
 from gpcore.models.linalg import LOG_2PI, inv_softplus
+from gpcore.models.registry import register
 from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _conditional_terms, vecchia_rows
 
 #: the DBK parameters that shape phi (the others — q(w), DBK's own noise and mean — are unused here)
@@ -231,8 +233,9 @@ class DBKNN(VecchiaGP):
         return self._phi_cache
 
     # ---------------------------------------------------------------- the hybrid likelihood
-    def _chunk_terms(self, start: int, stop: int, Phi: torch.Tensor):
-        """``(U, u, log Dv)`` of ordered training points ``start .. stop`` (float64, with a graph)."""
+    def _chunk_terms(self, start: int, stop: int, Phi: torch.Tensor, ws: torch.Tensor | None = None):
+        """``(U, u, log Dv)`` of ordered training points ``start .. stop`` (float64, with a graph; ``ws`` as in
+        :meth:`vecchia_terms`)."""
         mod = self.module_
         idx = torch.arange(start, stop, device=mod.X_train.device)
         G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)
@@ -240,7 +243,7 @@ class DBKNN(VecchiaGP):
         Gc = G.clamp_min(0)
         zero = torch.zeros((), dtype=torch.float64, device=G.device)
         z = torch.where(valid, mod.y_train.double()[Gc] - mod.mu0.double(), zero)
-        ell = vecchia_rows(mod, mod.X_train[Gc], valid, self._group_noise(Gc))  # zero at padding entries
+        ell = vecchia_rows(mod, mod.X_train[Gc], valid, self._group_noise(Gc, ws))  # zero at padding entries
         U = mod.fscale.double() * torch.einsum("bk,bkp->bp", ell, Phi[Gc])
         return U, (ell * z).sum(-1), -2.0 * torch.log(ell[:, -1])
 
@@ -251,7 +254,7 @@ class DBKNN(VecchiaGP):
         v = torch.linalg.solve_triangular(LM, c.unsqueeze(-1), upper=False).squeeze(-1)
         return -0.5 * n * LOG_2PI - 0.5 * logdv - torch.log(LM.diagonal()).sum() - 0.5 * uu + 0.5 * v.pow(2).sum()
 
-    def _stats(self, Phi: torch.Tensor):
+    def _stats(self, Phi: torch.Tensor, ws: torch.Tensor | None = None):
         n = self.module_.X_train.shape[0]
         p = Phi.shape[1]
         dev = Phi.device
@@ -261,31 +264,31 @@ class DBKNN(VecchiaGP):
         ld = torch.zeros((), dtype=torch.float64, device=dev)
         cs = self.config.chunk_size
         for i in range(0, n, cs):
-            U, u, logdv = self._chunk_terms(i, min(i + cs, n), Phi)
+            U, u, logdv = self._chunk_terms(i, min(i + cs, n), Phi, ws)
             S += U.T @ U
             c += U.T @ u
             uu += u @ u
             ld += logdv.sum()
         return S, c, uu, ld
 
-    def log_likelihood(self) -> torch.Tensor:
+    def log_likelihood(self, ws: torch.Tensor | None = None) -> torch.Tensor:
         """The hybrid log-likelihood of the (scaled) training targets, float64, differentiable (one pass)."""
         if not self.module_.features_on:
-            return super().log_likelihood()
+            return super().log_likelihood(ws)
         Phi = self._phi_of(self.module_.X_train) if self._joint else self._phi_train()
-        return self._loglik_from_stats(*self._stats(Phi), self.module_.X_train.shape[0])
+        return self._loglik_from_stats(*self._stats(Phi, ws), self.module_.X_train.shape[0])
 
-    def _step(self, xb, yb, n):
+    def _step(self, xb, yb, n, wb=None):
         """Two passes (module docstring): sums without a graph, their adjoints, then chunk by chunk."""
         if not self.module_.features_on:  # the residual GP alone: vecchia's closed-form pass
-            return super()._step(xb, yb, n)
+            return super()._step(xb, yb, n, wb)
         self._check_train_batch(xb)
         mod = self.module_
         N = mod.X_train.shape[0]
         Phi_graph = self._phi_of(mod.X_train) if self._joint else None
         Phi = self._phi_train() if Phi_graph is None else Phi_graph.detach().requires_grad_(True)
         with torch.no_grad():
-            stats = [t.detach() for t in self._stats(Phi)]
+            stats = [t.detach() for t in self._stats(Phi, wb)]
         for t in stats:
             t.requires_grad_(True)
         loss = -self._loglik_from_stats(*stats, N) / n
@@ -293,7 +296,7 @@ class DBKNN(VecchiaGP):
         gS, gc, guu, gld = (t.grad for t in stats)
         cs = self.config.chunk_size
         for i in range(0, N, cs):
-            U, u, logdv = self._chunk_terms(i, min(i + cs, N), Phi)
+            U, u, logdv = self._chunk_terms(i, min(i + cs, N), Phi, wb)
             surrogate = (gS * (U.T @ U)).sum() + (gc * (U.T @ u)).sum() + guu * (u @ u) + gld * logdv.sum()
             surrogate.backward()
         if Phi_graph is not None:
@@ -322,9 +325,7 @@ class DBKNN(VecchiaGP):
 
     def _train_hybrid(self, Xs, ys, Xv, yv, callback, ws, wv):
         """Stage 2 (and 3 in ``joint`` mode) — the stages of the module docstring."""
-        from gpcore.train import train
-
-        history, info = train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
+        history, info = training.train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
         for h in history:
             h["stage"] = "residual"
         if self.config.train_mode != "joint":
@@ -334,7 +335,7 @@ class DBKNN(VecchiaGP):
         self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs)
         self._set_joint(True)
         try:
-            h2, i2 = train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
+            h2, i2 = training.train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
         finally:
             self.config = base
             self._set_joint(False)
@@ -358,8 +359,6 @@ class DBKNN(VecchiaGP):
         """The feature check (setting ``feature_check``): refit the residual GP alone (``a = 0``, started as a
         fresh ``vecchia`` fit would be: the features had taken the large scale off its variance and
         lengthscale) and keep whichever of the two has the lower validation NLL."""
-        from gpcore.train import train
-
         mod = self.module_
         before = {k: v.detach().clone() for k, v in mod.state_dict().items()}
         fresh = VecchiaModule(Xs.shape[1], self.config, 0)  # vecchia's initial values (no data buffers)
@@ -368,9 +367,9 @@ class DBKNN(VecchiaGP):
                 getattr(mod, name).copy_(getattr(fresh, name))
             self._init_lengthscale(mod)  # the data-dependent one
             if hasattr(mod, "raw_nugget"):  # weighted: the nugget starts as a fresh weighted fit's does
-                mod.raw_nugget.fill_(inv_softplus(self._nugget_init()))
+                mod.raw_nugget.fill_(inv_softplus(self.likelihood.initial_nugget()))
         mod.features_on = False
-        h2, i2 = train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
+        h2, i2 = training.train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
         for h in h2:
             h["stage"] = "residual only"
         kept = not (i2["best_val_nll"] is not None and i2["best_val_nll"] < info["best_val_nll"])
@@ -391,8 +390,8 @@ class DBKNN(VecchiaGP):
         return bool(self.module_.features_on)
 
     # ---------------------------------------------------------------- posterior and prediction
-    def _finalize(self, Xs, ys):
-        super()._finalize(Xs, ys)  # the ordered training weights
+    def _finalize(self, Xs, ys, ws=None):
+        super()._finalize(Xs, ys, ws)  # the ordered training weights
         mod = self.module_
         self._phi_cache = None
         p = mod.post_m.shape[0]
@@ -403,7 +402,7 @@ class DBKNN(VecchiaGP):
             mod.e_train.copy_((mod.y_train.double() - mod.mu0.double()).to(mod.e_train.dtype))
             return
         Phi = self._phi_train()
-        S, c, _, _ = self._stats(Phi)
+        S, c, _, _ = self._stats(Phi, ws)
         LM = torch.linalg.cholesky(eye + S)
         w_hat = torch.cholesky_solve(c.unsqueeze(-1), LM).squeeze(-1)
         mod.post_m.copy_(w_hat.to(mod.post_m.dtype))

@@ -18,10 +18,13 @@ import torch
 from torch import nn
 
 from gpcore.errors import InputError
-from gpcore.models.base import BaseConfig, GPModel, register, setting
+from gpcore.models.base import GPModel
+from gpcore.models.config import BaseConfig, setting
+from gpcore.models.features import FeatureForm, Residual
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import KERNEL_NAMES, stationary
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
+from gpcore.models.registry import register
 
 
 @dataclass(frozen=True)
@@ -78,26 +81,26 @@ class ExactGP(GPModel):
             )
         return ExactModule(d, self.config, n)
 
-    def log_marginal_likelihood(self, Xs, ys) -> torch.Tensor:
-        """``log N(y; mu0, K + sigma2 I)`` by Cholesky (float64 factorisation)."""
+    def log_marginal_likelihood(self, Xs, ys, ws=None) -> torch.Tensor:
+        """``log N(y; mu0, K + sigma2 I)`` by Cholesky (float64 factorisation); ``ws``: the rows' weights."""
         mod = self.module_
         n = Xs.shape[0]
         K = mod.K(Xs, Xs).double()
         # sigma^2 I, or diag(tau^2 + sigma^2 / w) for a weighted fit (a (n,) row times I is that diagonal)
-        K = K + self._noise_rows(mod.noise.double()) * torch.eye(n, dtype=torch.float64, device=Xs.device)
+        K = K + self.likelihood.variance(ws, mod.noise.double()) * torch.eye(n, dtype=torch.float64, device=Xs.device)
         L = psd_safe_cholesky(K)
         r = (ys.double() - mod.mu0.double()).unsqueeze(-1)
         v = torch.linalg.solve_triangular(L, r, upper=False)
         return -0.5 * n * LOG_2PI - torch.log(L.diagonal()).sum() - 0.5 * v.pow(2).sum()
 
-    def _loss(self, xb, yb, n):
-        return -self.log_marginal_likelihood(xb, yb) / xb.shape[0]
+    def _loss(self, xb, yb, n, wb=None):
+        return -self.log_marginal_likelihood(xb, yb, wb) / xb.shape[0]
 
-    def _finalize(self, Xs, ys):
+    def _finalize(self, Xs, ys, ws=None):
         mod = self.module_
         n = Xs.shape[0]
         eye = torch.eye(n, dtype=torch.float64, device=Xs.device)
-        K = mod.K(Xs, Xs).double() + self._noise_rows(mod.noise.double()) * eye
+        K = mod.K(Xs, Xs).double() + self.likelihood.variance(ws, mod.noise.double()) * eye
         L = psd_safe_cholesky(K)
         alpha = torch.cholesky_solve((ys.double() - mod.mu0.double()).unsqueeze(-1), L).squeeze(-1)
         for name, value in (("X_train", Xs), ("alpha", alpha), ("L", L)):
@@ -112,8 +115,6 @@ class ExactGP(GPModel):
         return mean, var
 
     def _feature_form(self):
-        from gpcore.posterior import FeatureForm, Residual
-
         mod = self.module_
         X = mod.X_train.double()
         s2 = float(mod.noise)

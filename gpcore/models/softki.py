@@ -42,11 +42,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpcore.models.base import BaseConfig, GPModel, register, register_alias, setting
+from gpcore import comm
+from gpcore.models.base import GPModel
+from gpcore.models.config import BaseConfig, setting
+from gpcore.models.features import FeatureForm
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inducing import kmeans
 from gpcore.models.kernels import KERNEL_NAMES, stationary
 from gpcore.models.linalg import LOG_2PI, inv_softplus
+from gpcore.models.registry import register, register_alias
 
 #: eps inside the square root of the interpolation distance (finite gradients at x = z, 4.1)
 DIST_EPS = 1e-12
@@ -362,9 +366,7 @@ def posterior_caches(alpha: torch.Tensor, R: torch.Tensor, Kzz: torch.Tensor) ->
 
 def _shard_context():
     """The distributed context when the data a model sees is one rank's shard, else ``None``."""
-    from gpcore import distributed
-
-    ctx = distributed.current()
+    ctx = comm.current()
     return ctx if ctx is not None and ctx.data_is_shard else None
 
 
@@ -375,7 +377,7 @@ def _all_gather_merge(R_aug: torch.Tensor, ctx) -> torch.Tensor:
     m1 = R_aug.shape[1]
     pad = R_aug.new_zeros(m1, m1)
     pad[: R_aug.shape[0]] = R_aug[:m1]
-    dev = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+    dev = comm.comm_device(ctx)
     parts = [torch.empty_like(pad, device=dev) for _ in range(ctx.world_size)]
     dist.all_gather(parts, pad.to(dev), group=ctx.group)
     return merge_factors([p.to(R_aug.device) for p in parts])
@@ -506,13 +508,13 @@ class SoftKI(GPModel):
         return SoftKIModule(d, cfg, Z0=Z0, x_scale=x_scale)
 
     # ------------------------------------------------------------------ training
-    def batch_terms(self, xb: torch.Tensor):
-        """``(W_b, K_zz, s2)`` of a batch, differentiable (module dtype)."""
+    def batch_terms(self, xb: torch.Tensor, wb: torch.Tensor | None = None):
+        """``(W_b, K_zz, s2)`` of a batch, differentiable (module dtype); ``wb``: the rows' weights."""
         mod = self.module_
-        return mod.weights(xb), mod.Kzz(), self._noise_rows(mod.noise)  # (b,) noise for weighted fits
+        return mod.weights(xb), mod.Kzz(), self.likelihood.variance(wb, mod.noise)  # (b,) noise for weighted fits
 
-    def _loss(self, xb, yb, n):
-        W, K, s2 = self.batch_terms(xb)
+    def _loss(self, xb, yb, n, wb=None):
+        W, K, s2 = self.batch_terms(xb, wb)
         b = xb.shape[0]
         if self.config.mll == "exact":
             return (-exact_batch_logp(W, K, s2, yb) / b).to(xb.dtype)
@@ -520,17 +522,18 @@ class SoftKI(GPModel):
         return -pseudo_logp(W, K, s2, yb, probes, self.config.solver) / b
 
     # ------------------------------------------------------------------ posterior
-    def _weight_chunks(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int) -> Iterator[tuple]:
+    def _weight_chunks(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int, ws=None) -> Iterator[tuple]:
         mod = self.module_
         for i in range(0, Xs.shape[0], chunk):
-            if self._wb is not None:  # weighted fit: each row's own noise tau^2 + sigma^2 / w
-                d = self._noise_rows(mod.noise.double(), i, i + chunk)
+            if ws is not None:  # weighted fit: each row's own noise tau^2 + sigma^2 / w
+                d = self.likelihood.variance(ws, mod.noise.double(), slice(i, i + chunk))
                 yield mod.weights(Xs[i : i + chunk], torch.float64), ys[i : i + chunk], d
             else:
                 yield mod.weights(Xs[i : i + chunk], torch.float64), ys[i : i + chunk]
 
-    def fit_posterior(self, Xs: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Streaming QR fit on scaled data with the current parameters: ``(alpha, R)`` in float64.
+    def fit_posterior(self, Xs: torch.Tensor, ys: torch.Tensor, ws=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Streaming QR fit on scaled data with the current parameters (``ws``: the rows' weights): ``(alpha, R)``,
+        float64.
 
         When the data is this rank's shard of a distributed fit (:func:`gpcore.sharded.fit_sharded`),
         each rank folds its own rows (rank 0 also the prior block) and the partial ``(m+1) x (m+1)``
@@ -539,7 +542,7 @@ class SoftKI(GPModel):
         mod = self.module_
         K = mod.Kzz(torch.float64)
         s2 = mod.noise.double()
-        chunks = self._weight_chunks(Xs, ys, self.config.fit_chunk)
+        chunks = self._weight_chunks(Xs, ys, self.config.fit_chunk, ws)
         ctx = _shard_context()
         if ctx is None:
             return qr_fit_stream(chunks, K, s2)
@@ -548,10 +551,10 @@ class SoftKI(GPModel):
         R_aug = _all_gather_merge(qr_fold(chunks, K, s2, start), ctx)
         return qr_solve_factor(R_aug, m)
 
-    def _finalize(self, Xs, ys):
-        """Fit ``alpha`` on the full training set (4.3) and cache ``K_zz alpha``, ``R``, ``R^{-T} K_zz``."""
+    def _finalize(self, Xs, ys, ws=None):
+        """Fit ``alpha`` on the full training set (§4.3) and cache ``K_zz alpha``, ``R``, ``R^{-T} K_zz``."""
         mod = self.module_
-        alpha, R = self.fit_posterior(Xs, ys)
+        alpha, R = self.fit_posterior(Xs, ys, ws)
         mean_w, P = posterior_caches(alpha, R, mod.Kzz(torch.float64))
         mod.kzz_alpha.copy_(mean_w.to(mod.kzz_alpha.dtype))
         mod.R.copy_(R.to(mod.R.dtype))
@@ -565,8 +568,6 @@ class SoftKI(GPModel):
         return mean, var
 
     def _feature_form(self):
-        from gpcore.posterior import FeatureForm
-
         mod = self.module_
         return FeatureForm(
             features=lambda xs: mod.weights(xs, torch.float64),

@@ -43,7 +43,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpcore.models.base import BaseConfig, GPModel, register, setting
+from gpcore.models.base import GPModel
+from gpcore.models.config import BaseConfig, setting
+from gpcore.models.features import FeatureForm, Residual
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inducing import kmeans
 from gpcore.models.kernels import KERNEL_NAMES, stationary
@@ -56,6 +58,7 @@ from gpcore.models.linalg import (
     psd_safe_cholesky,
     tril_factor,
 )
+from gpcore.models.registry import register
 
 
 @dataclass(frozen=True)
@@ -375,11 +378,11 @@ class SolveGP(GPModel):
         noise = (self.module_.noise if noise is None else noise).to(mu.dtype)
         return -gaussian_nll(y, mu, noise) - s2 / (2.0 * noise)
 
-    def _loss(self, xb: torch.Tensor, yb: torch.Tensor, n: int) -> torch.Tensor:
+    def _loss(self, xb: torch.Tensor, yb: torch.Tensor, n: int, wb: torch.Tensor | None = None) -> torch.Tensor:
         """``-(1/b) sum_B E_q[log p(y_i | f_i)] + (KL_u + KL_v) / n`` (per-point ELBO, 1.4)."""
         pr = self.prior_factors()
         mu, s2 = self._alg1(xb, pr)
-        data = -self._expected_loglik(yb, mu, s2, self._noise_rows(self.module_.noise)).mean()
+        data = -self._expected_loglik(yb, mu, s2, self.likelihood.variance(wb, self.module_.noise)).mean()
         klu, klv = self.kl_terms(pr)
         return data + ((klu + klv) / n).to(data.dtype)
 
@@ -533,7 +536,7 @@ class SolveGP(GPModel):
 
     # ------------------------------------------------------------------ prediction (6.5)
     @torch.no_grad()
-    def _finalize(self, Xs: torch.Tensor | None = None, ys: torch.Tensor | None = None) -> None:
+    def _finalize(self, Xs: torch.Tensor | None = None, ys: torch.Tensor | None = None, ws=None) -> None:
         """Refresh the prediction caches from the current parameters (the data are not used)."""
         mod = self.module_
         pr = self.prior_factors()
@@ -565,8 +568,6 @@ class SolveGP(GPModel):
         return mean, var
 
     def _feature_form(self):
-        from gpcore.posterior import FeatureForm, Residual
-
         mod = self.module_
         pr = self.prior_factors()
         m_u, L_u, m_v, L_v = self.q_unwhitened(pr)

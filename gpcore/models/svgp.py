@@ -42,10 +42,13 @@ import torch
 from torch import nn
 
 from gpcore.models.backbone import ResNetBackbone
-from gpcore.models.base import BaseConfig, GPModel, as_2d_float, register, register_alias, setting
+from gpcore.models.base import GPModel
+from gpcore.models.config import BaseConfig, setting
 from gpcore.models.dbk import mml_from_stats
+from gpcore.models.features import FeatureForm, Residual
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inducing import kmeans
+from gpcore.models.inputs import as_2d_float
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import (
     gaussian_nll,
@@ -55,6 +58,7 @@ from gpcore.models.linalg import (
     triangular_row_sqnorm,
     tril_factor,
 )
+from gpcore.models.registry import register, register_alias
 
 #: at most this many (unique) training inputs are used by the k-means initialisation
 KMEANS_MAX_POINTS = 20000
@@ -234,10 +238,10 @@ class SVGP(GPModel):
         mod = self.module_
         return kl_std_normal(mod.m, mod.q_factor(), mod.rho)
 
-    def _loss(self, xb, yb, n):
+    def _loss(self, xb, yb, n, wb=None):
         mod = self.module_
         t = self.terms(xb)
-        s2 = self._noise_rows(mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
+        s2 = self.likelihood.variance(wb, mod.noise)  # sigma^2, or per point tau^2 + sigma^2 / w_i (weighted fits)
         if self.config.objective == "elbo":
             data = gaussian_nll(yb, t["mean"], s2) + t["s2f_corr"] / (2.0 * s2)
             weight = 1.0
@@ -297,19 +301,20 @@ class SVGP(GPModel):
         return dtc - tr / (2.0 * s2)
 
     @torch.no_grad()
-    def optimal_q(self, Xs: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def optimal_q(self, Xs: torch.Tensor, ys: torch.Tensor,
+                  ws: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``(m, L)`` maximising the ELBO for fixed ``Z`` and hyperparameters, float64.
 
         The whitened optimum is the Bayesian-linear-model posterior of ``w``:
         ``m = Lambda^{-1} Phi^T (y - mu0)``, ``L L^T = s2 Lambda^{-1}``, ``Lambda = Phi^T Phi + s2 I_r``
         (the whitened form of the Titsias ``q(u)`` in 3.1). Returns ``m`` (``(r,)``) and lower ``L``
-        (``r x r``). Weighted fits (``self._wb`` = the rows' weights): with ``D = diag(tau^2 + s2 / w)``,
+        (``r x r``). Weighted fits (``ws`` = the rows' weights): with ``D = diag(tau^2 + s2 / w)``,
         ``m = (I + Phi^T D^-1 Phi)^{-1} Phi^T D^-1 (y - mu0)``, ``L L^T = (I + Phi^T D^-1 Phi)^{-1}``.
         """
         mod = self.module_
-        if self._wb is not None:
+        if ws is not None:
             phi, _ = mod.features64(Xs, mod.chol_zz())
-            pw = phi / self._noise_rows(mod.noise.double())[:, None]
+            pw = phi / self.likelihood.variance(ws, mod.noise.double())[:, None]
             eye = torch.eye(phi.shape[1], dtype=torch.float64, device=phi.device)
             LL = torch.linalg.cholesky(eye + pw.T @ phi)
             m = torch.cholesky_solve((pw.T @ (ys.double() - mod.mu0.double())).unsqueeze(-1), LL).squeeze(-1)
@@ -369,8 +374,6 @@ class SVGP(GPModel):
         return (Z + 1.0) / 2.0 * self.x_span_ + self.x_lo_
 
     def _feature_form(self):
-        from gpcore.posterior import FeatureForm, Residual
-
         mod = self.module_
         Lz = mod.chol_zz()
         os_ = float(mod.outputscale)

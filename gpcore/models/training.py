@@ -2,24 +2,28 @@
 
 AdamW over the model's parameter groups (weight decay on the backbone only) — or, for full-batch
 models whose config sets ``optimizer="lbfgs"``, one L-BFGS iteration (strong-Wolfe line search) per
-epoch — seeded batch
-order, validation NLL after every epoch, early stopping with patience, best-checkpoint
+epoch — seeded batch order, validation NLL after every epoch, early stopping with patience, best-checkpoint
 restore, a per-epoch callback that may cancel, and an optional wall-clock budget.
 
 The loss is accumulated on the device and read back once per epoch, so the hot loop has no
 host-device synchronisation.
 
-Weighted fits (``GPModel.fit(weights=...)``): each step's batch weights are handed to the model as
-``model._wb`` (its loss turns them into per-row noise ``tau^2 + sigma^2 / w``), and the validation
-NLL scores each validation row with its own weight.
+Weighted fits (``GPModel.fit(weights=...)``): each step passes its batch's weights to the model's
+``_step(xb, yb, n, wb)`` / ``_loss`` (the likelihood turns them into per-row noise ``tau^2 + sigma^2 / w``),
+and the validation NLL scores each validation row with its own weight.
 
-Inside a :func:`gpcore.distributed.session` with more than one process the same loop trains
-across ranks (DistributedDataParallel for mini-batch losses, a gradient all-reduce for full-batch
-ones; see :mod:`gpcore.distributed` for the global-batch semantics). Rank 0 runs the callback and
-decides cancellation and the time budget for everyone; every rank returns the same history.
+The loop lives in the models package so that ``GPModel.fit`` needs nothing above it. Inside a
+:func:`gpcore.distributed.session` with more than one process the same loop trains across ranks
+(DistributedDataParallel for mini-batch losses, a gradient all-reduce for full-batch ones; see
+:mod:`gpcore.distributed` for the global-batch semantics): the loop takes the current context from
+:func:`gpcore.comm.current` and asks it for a step strategy, ``ctx.training_steps(model, Xs, ys, ws)``
+(duck-typed; :class:`gpcore.distributed.DistributedSteps` is the one in use), with ``n_global``, ``W``,
+``full``, ``ctx.is_main``, ``epoch_batches``, ``step``, ``reduce_epoch_total``, ``validation_metrics``,
+``agree`` and ``close``. Rank 0 runs the callback and decides cancellation and the time budget for
+everyone; every rank returns the same history.
 
 :class:`Performance` switches on what is safe by default: the fused AdamW kernel on every device
-(the same update as the reference loop in one pass over the parameters; ~8x faster on CPU) and,
+(the same update as the reference loop in one pass over the parameters; timings in docs/benchmarks/) and,
 on CUDA, TF32 matmuls in the backbone's forward only; bf16 autocast of the backbone and
 ``torch.compile`` are opt-in on CUDA (``GPCORE_BACKBONE_PRECISION=bf16``, ``GPCORE_COMPILE=1``).
 Cholesky factors, QR and the small ``r x r`` solves are never touched by these switches.
@@ -35,6 +39,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from gpcore import comm
 from gpcore.errors import TrainingError
 from gpcore.models.linalg import gaussian_nll
 
@@ -72,7 +77,7 @@ def validation_metrics(model, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, 
     if model.needs_finalize:
         model.finalize(Xs, ys, ws)
     mean, var_f = model.predict_scaled(Xv)
-    var_y = var_f + model._noise_of(wv)  # sigma^2, or tau^2 + sigma^2 / w_v per validation row
+    var_y = var_f + model.likelihood.variance(wv)  # sigma^2, or tau^2 + sigma^2 / w_v per validation row
     nll = gaussian_nll(yv, mean, var_y).mean().item() + math.log(model.y_std_)
     rmse = (yv - mean).pow(2).mean().sqrt().item() * model.y_std_
     return nll, rmse
@@ -170,7 +175,7 @@ def _make_optimizer(model, cfg, perf: Performance):
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
-def _lbfgs_step(model, opt, xb, yb, n):
+def _lbfgs_step(model, opt, xb, yb, n, wb=None):
     """One L-BFGS iteration (its line search calls ``model._step`` as the closure); returns the loss
     at the start of the iteration. A trial point whose loss is not finite (or whose factorisation fails)
     returns a huge finite loss with a zero gradient, which the line search rejects by shrinking the step
@@ -179,7 +184,7 @@ def _lbfgs_step(model, opt, xb, yb, n):
     def closure():
         opt.zero_grad(set_to_none=False)
         try:
-            loss = model._step(xb, yb, n)
+            loss = model._step(xb, yb, n, wb)
             ok = bool(torch.isfinite(loss))
         except torch.linalg.LinAlgError:
             loss, ok = torch.zeros((), dtype=torch.float64, device=xb.device), False
@@ -206,24 +211,19 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None, *, ws=None, wv=None):
     callback : optional ``callback(Progress) -> bool | None``; ``False`` cancels. Distributed:
         called on rank 0 only.
     ws, wv : per-observation weights of the training / validation rows (weighted fits only); each
-        step sees its batch's weights as ``model._wb``.
+        step passes its batch's weights to the model's ``_step``.
     """
-    from gpcore import distributed as D
-
     cfg = model.config
     module = model.module_
     perf = Performance.for_model(model)
     restore = _apply_performance(model, perf)
     try:
-        dctx = D.current()
+        dctx = comm.current()
         dist_steps = None
         n = Xs.shape[0]
         full = model.full_batch or cfg.batch_size >= n
         if dctx is not None and dctx.world_size > 1:
-            D.check_supported(model)
-            probe = (Xs[:8], ys[:8], n) if n > 0 else None
-            model._wb = None if ws is None else ws[:8]  # the probe's loss sees its rows' weights
-            dist_steps = D.DistributedSteps(model, dctx, n, cfg.batch_size, model.full_batch, cfg.seed, probe)
+            dist_steps = dctx.training_steps(model, Xs, ys, ws)
             n = dist_steps.n_global
             full = model.full_batch or cfg.batch_size >= n
             dist_steps.full = full
@@ -232,7 +232,6 @@ def train(model, Xs, ys, Xv=None, yv=None, callback=None, *, ws=None, wv=None):
         opt = _make_optimizer(model, cfg, perf)
         return _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps, ws, wv)
     finally:
-        model._wb = None
         restore()
 
 
@@ -271,13 +270,12 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
                 batches = iterate_batches(n, cfg.batch_size, gen, Xs.device)
             for idx in batches:
                 xb, yb = (Xs, ys) if idx is None else (Xs[idx], ys[idx])
-                if ws is not None:
-                    model._wb = ws if idx is None else ws[idx]
+                wb = None if ws is None else (ws if idx is None else ws[idx])
                 if isinstance(opt, torch.optim.LBFGS):
-                    loss = _lbfgs_step(model, opt, xb, yb, n)
+                    loss = _lbfgs_step(model, opt, xb, yb, n, wb)
                 else:
                     opt.zero_grad(set_to_none=True)
-                    loss = model._step(xb, yb, n)
+                    loss = model._step(xb, yb, n, wb)
                     opt.step()
                 total += loss.double()
                 step += 1
@@ -293,7 +291,6 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
             diverged = True
             break
         if has_val:
-            model._wb = None
             if dist_steps is not None:
                 val_nll, val_rmse = dist_steps.validation_metrics(Xs, ys, Xv, yv, ws, wv)
             else:

@@ -59,10 +59,12 @@ import torch
 from torch import nn
 
 from gpcore.errors import InputError
-from gpcore.models.base import BaseConfig, GPModel, register, setting
+from gpcore.models.base import GPModel
+from gpcore.models.config import BaseConfig, setting
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import KERNEL_NAMES, stationary, stationary_sqdist
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
+from gpcore.models.registry import register
 
 ORDERINGS = ("maxmin", "coord")
 
@@ -350,9 +352,10 @@ class VecchiaGP(GPModel):
         with torch.no_grad():
             mod.raw_ell.fill_(inv_softplus(init))
 
-    def vecchia_terms(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def vecchia_terms(self, start: int = 0, stop: int | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
         """Per-point log conditionals ``log N(y_i; mu_i, v_i)`` (float64, standardised units) of the
-        ordered training points ``start .. stop``, with the autograd graph attached."""
+        ordered training points ``start .. stop``, with the autograd graph attached (``ws``: the training
+        rows' weights in caller order while training; the stored ones otherwise)."""
         mod = self.module_
         n = mod.X_train.shape[0]
         stop = n if stop is None else stop
@@ -362,54 +365,55 @@ class VecchiaGP(GPModel):
         Gc = G.clamp_min(0)
         z = torch.where(valid, mod.y_train.double()[Gc] - mod.mu0.double(), torch.zeros((), dtype=torch.float64,
                                                                                            device=G.device))
-        ell = vecchia_rows(mod, mod.X_train[Gc], valid, self._group_noise(Gc))
+        ell = vecchia_rows(mod, mod.X_train[Gc], valid, self._group_noise(Gc, ws))
         u = (ell * z).sum(-1)  # (z_i - A z_N) / sqrt(D)
         return -0.5 * LOG_2PI + torch.log(ell[:, -1]) - 0.5 * u.pow(2)
 
-    def _ordered_weights(self) -> torch.Tensor | None:
-        """Weights of the ordered training points: the training step's (``_wb``, caller order) while
+    def _ordered_weights(self, ws: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Weights of the ordered training points: the training step's (``ws``, caller order) while
         training, the stored ones after :meth:`finalize`; None for an unweighted model."""
         if not self.weighted:
             return None
         mod = self.module_
-        return self._wb[mod.order] if self._wb is not None else mod.w_train
+        return ws[mod.order] if ws is not None else mod.w_train
 
-    def _group_noise(self, Gc: torch.Tensor) -> torch.Tensor | None:
+    def _group_noise(self, Gc: torch.Tensor, ws: torch.Tensor | None = None) -> torch.Tensor | None:
         """Noise variance ``tau^2 + s2 / w`` of training points ``Gc`` (any shape; None when unweighted)."""
-        w = self._ordered_weights()
+        w = self._ordered_weights(ws)
         if w is None:
             return None
         s2 = self.module_.noise.double()
         return self._nugget_s().double() + s2 / w.double()[Gc]
 
-    def _finalize(self, Xs, ys):
+    def _finalize(self, Xs, ys, ws=None):
         mod = self.module_
-        if self._wb is not None:
-            mod.w_train.copy_(self._wb[mod.order].to(mod.w_train.dtype))
+        if ws is not None:
+            mod.w_train.copy_(ws[mod.order].to(mod.w_train.dtype))
 
-    def log_likelihood(self) -> torch.Tensor:
-        """Vecchia log-likelihood of the (scaled) training targets, float64, summed over chunks."""
+    def log_likelihood(self, ws: torch.Tensor | None = None) -> torch.Tensor:
+        """Vecchia log-likelihood of the (scaled) training targets, float64, summed over chunks (``ws``: the
+        training rows' weights, caller order; default the stored ones)."""
         n = self.module_.X_train.shape[0]
         cs = self.config.chunk_size
-        return sum((self.vecchia_terms(i, min(i + cs, n)).sum() for i in range(0, n, cs)),
+        return sum((self.vecchia_terms(i, min(i + cs, n), ws).sum() for i in range(0, n, cs)),
                    torch.zeros((), dtype=torch.float64, device=self.module_.X_train.device))
 
     def _check_train_batch(self, xb):
         if xb.shape[0] != self.module_.X_train.shape[0]:
             raise InputError("vecchia trains full-batch on the training set it was built with")
 
-    def _loss(self, xb, yb, n):
+    def _loss(self, xb, yb, n, wb=None):
         self._check_train_batch(xb)
-        return (-self.log_likelihood() / n).to(self.module_.raw_noise.dtype)
+        return (-self.log_likelihood(wb) / n).to(self.module_.raw_noise.dtype)
 
-    def _step(self, xb, yb, n):
+    def _step(self, xb, yb, n, wb=None):
         """One backward pass chunk by chunk (memory of one chunk), gradients accumulated."""
         self._check_train_batch(xb)
         total = torch.zeros((), dtype=torch.float64, device=xb.device)
         cs = self.config.chunk_size
         N = self.module_.X_train.shape[0]
         for i in range(0, N, cs):
-            loss = -self.vecchia_terms(i, min(i + cs, N)).sum() / n
+            loss = -self.vecchia_terms(i, min(i + cs, N), wb).sum() / n
             loss.backward()
             total += loss.detach()
         return total

@@ -126,7 +126,7 @@ def _epoch_grads_distributed(model, ctx, X, y) -> np.ndarray:
 
 
 def _epoch_grads_single(model, X, y) -> np.ndarray:
-    from gpcore.train import iterate_batches
+    from gpcore.models.training import iterate_batches
 
     Xs, ys = model.scale_x(X), model.scale_y(y)
     n = Xs.shape[0]
@@ -344,7 +344,7 @@ def test_training_step_reads_nothing_back_from_the_device(monkeypatch, one_threa
         model = make_model("dbk-silu", rank=8, hidden=8, epochs=1, batch_size=batch, device="cpu")
         model.fit(X, y)
         calls["n"] = 0
-        from gpcore.train import train
+        from gpcore.models.training import train
 
         train(model, model.scale_x(X), model.scale_y(y))
         counts.append(calls["n"])

@@ -66,7 +66,7 @@ class ModelBattery:
     def test_weight_decay_only_on_the_backbone(self, fitted):
         """ALGORITHMS.md 2.10 / D5: AdamW decays the backbone (input projection, residual blocks, norms)
         and nothing else: kernel, inducing, variational, noise and mean parameters have no decay."""
-        from gpcore.train import Performance, _make_optimizer
+        from gpcore.models.training import Performance, _make_optimizer
 
         mod = fitted.module_
         backbone = getattr(mod, "backbone", None)

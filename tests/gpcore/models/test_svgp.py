@@ -16,7 +16,7 @@ from scipy.stats import multivariate_normal
 
 from gpcore import make_model
 from gpcore.models.linalg import inv_softplus
-from gpcore.train import iterate_batches
+from gpcore.models.training import iterate_batches
 from tests.gpcore.models.battery import ModelBattery
 
 # ------------------------------------------------------------------------------------ batteries
