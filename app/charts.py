@@ -1,6 +1,6 @@
 """Plotly figures for the Compare page (pure functions of tidy frames; no Streamlit).
 
-The PI widths are those of the test points, ``2 z sqrt(var_y)`` (ALGORITHMS.md 7.3), in the
+The PI widths are those of the test points, ``2 z sqrt(var_y)`` (docs/metrics.md §7.3), in the
 space the models train in; the strata come from each run's test predictions.
 """
 
@@ -17,7 +17,7 @@ STRATUM_COLORS = {"metro": "#d62728", "urban": "#d62728", "non-metro": "#1f77b4"
                   "unknown": "#7f7f7f", "all": "#21918c"}
 #: Colours of other strata, assigned in sorted order of their labels (so every chart agrees).
 PALETTE = ["#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79"]
-#: Legend names of the strata: metro / non-metro counties are the urban / rural split (ALGORITHMS.md 7.4).
+#: Legend names of the strata: metro / non-metro counties are the urban / rural split (docs/metrics.md §7.4).
 DISPLAY = {"metro": "metro (urban)", "non-metro": "non-metro (rural)"}
 LAYOUT = dict(margin=dict(l=10, r=10, t=30, b=10), height=380, legend=dict(orientation="h", y=1.1, x=0))
 #: Chart toolbar: only what helps here (and nothing that covers the legend).

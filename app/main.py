@@ -1,8 +1,9 @@
 """Uncertainty Atlas dashboard: ``streamlit run app/main.py``.
 
-A thin multipage Streamlit layer over :mod:`gpcore` (pages in ``app/app_pages/``). The sidebar
-shows the active data set, the runs trained so far and the device in use. Data set, run, map
-and the kernel-slice reference point live in the URL, so a copied link reopens the same view.
+A thin multipage Streamlit layer over :mod:`gpcore`. The sidebar shows the active data set, the runs
+trained so far (with the one run picker) and the device in use; each page in ``app/app_pages/`` is a
+function of that data set and run list (:mod:`app.navigation`). Data set, run, map and the
+kernel-slice reference point live in the URL, so a copied link reopens the same view (:mod:`app.state`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ on the pa
 
 import streamlit as st  # noqa: E402
 
-from app import server_settings, state  # noqa: E402
+from app import navigation, server_settings, state  # noqa: E402
 from app.jobs import configure_torch_threads  # noqa: E402
 from app.safe_html import md_text  # noqa: E402
 from app.sidebar import active_data, render_sidebar  # noqa: E402
 from gpcore.errors import GPCoreError  # noqa: E402
 
-PAGES = Path(__file__).resolve().parent / "app_pages"
 ASSETS = ROOT / "assets"
 
 st.set_page_config(page_title="Uncertainty Atlas", page_icon=str(ASSETS / "logo.svg"), layout="wide")
@@ -36,18 +36,9 @@ if css.is_file():
 
 configure_torch_threads()
 state.init_session()
-page = st.navigation(
-    [
-        st.Page(PAGES / "data.py", title="Data", icon=":material/database:", url_path="data", default=True),
-        st.Page(PAGES / "train.py", title="Train", icon=":material/model_training:", url_path="train"),
-        st.Page(PAGES / "maps.py", title="Maps", icon=":material/map:", url_path="maps"),
-        st.Page(PAGES / "compare.py", title="Compare", icon=":material/leaderboard:", url_path="compare"),
-        st.Page(PAGES / "decide.py", title="Decide", icon=":material/rule:", url_path="decide"),
-        st.Page(PAGES / "export.py", title="Export", icon=":material/download:", url_path="export"),
-    ]
-)
-st.session_state.ua_data = active_data()
-st.session_state.ua_runs = render_sidebar(st.session_state.ua_data)
+data = active_data()
+runs = render_sidebar(data)
+page = st.navigation(navigation.pages(data, runs))
 try:
     page.run()
 except GPCoreError as exc:  # a damaged run or file: say which, keep the sidebar (pick another run)
@@ -55,4 +46,4 @@ except GPCoreError as exc:  # a damaged run or file: say which, keep the sidebar
 finally:  # also after st.stop() on a page
     state.sync_query()
     # server time of this script run (read by benchmarks/bench_app.py)
-    st.session_state.ua_script_ms = 1000 * (time.perf_counter() - _T0)
+    state.update(script_ms=1000 * (time.perf_counter() - _T0))

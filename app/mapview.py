@@ -138,10 +138,9 @@ def default_threshold(run: cache.RunData) -> float:
     return float(np.round(np.median(run.grid["mean"].to_numpy()), 3))
 
 
-def threshold_of(run: cache.RunData, ss) -> float:
-    """The session's threshold (``ua_threshold``, set on the Decide page) or the run's default."""
-    t = ss.get("ua_threshold")
-    return float(t) if t is not None else default_threshold(run)
+def threshold_of(run: cache.RunData, threshold: float | None) -> float:
+    """The threshold set on the Decide page (the view state's ``threshold``), else the run's default."""
+    return float(threshold) if threshold is not None else default_threshold(run)
 
 
 def exceed_title(run: cache.RunData, t: float, direction: str = "below") -> str:

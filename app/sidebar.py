@@ -11,15 +11,14 @@ from gpcore.errors import GPCoreError
 
 def active_data():
     """The active :class:`~app.cache.LoadedData`; on failure fall back to the default sample (with an error)."""
-    ss = st.session_state
-    if ss.get("ua_url_error"):
-        st.error(f"The data set in the link could not be loaded: {md_text(ss.pop('ua_url_error'))}")
+    url_error = state.take("url_error")
+    if url_error:
+        st.error(f"The data set in the link could not be loaded: {md_text(url_error)}")
     try:
         return cache.st_load_dataset(state.dataset())
     except GPCoreError as exc:
         st.error(f"The data set in the link could not be loaded: {md_text(exc)}")
-        state.set_dataset(state.DatasetSpec.for_sample(state.DEFAULT_SAMPLE))
-        ss.ua_xref = None
+        state.update(dataset=state.DatasetSpec.for_sample(state.DEFAULT_SAMPLE), xref=None)
         return cache.st_load_dataset(state.dataset())
 
 
@@ -32,17 +31,18 @@ def choose_default_run(runs, data_hash: str) -> str | None:
 
 
 def render_sidebar(data) -> list:
-    """Draw the sidebar; returns the run list (so pages need not scan the store again)."""
+    """Draw the sidebar with the one run picker (the active run of Maps, Decide and Export); returns the run
+    list, which the pages get as an argument."""
     from gpcore.device import describe_device
     from gpcore.store import default_store_dir
 
-    ss = st.session_state
     runs, skipped = cache.list_runs_checked()
     ids = [r.run_id for r in runs]
-    if ss.get("ua_run") not in ids:
-        ss.ua_run = choose_default_run(runs, data.data_hash)
-    if ss.get("ua_run2") not in ids:
-        ss.ua_run2 = None
+    v = state.view()
+    if v.run not in ids:
+        state.update(run=choose_default_run(runs, data.data_hash))
+    if v.run2 not in ids:
+        state.update(run2=None)
     with st.sidebar:
         st.markdown("### Uncertainty Atlas")
         st.markdown("**Data set**")
@@ -56,10 +56,9 @@ def render_sidebar(data) -> list:
         st.markdown(f"**Runs** ({len(runs)} in the store, {len(on_data)} on this data set)")
         if runs:
             titles = {r.run_id: _run_label(r, data.data_hash) for r in runs}
-            state.bound(
-                st.selectbox, "Active run", ids, format_func=titles.get, key="w_sidebar_run", state_key="ua_run",
-                valid=lambda v: v in ids,
-                help="The run shown on Maps and Export. Runs persist in the run store across restarts.",
+            state.control(
+                st.selectbox, "Active run", ids, format_func=titles.get, name="run", valid=lambda v: v in ids,
+                help="The run shown on Maps, Decide and Export. Runs persist in the run store across restarts.",
             )
             with st.expander("All runs", expanded=False):
                 for r in runs[:30]:
@@ -74,7 +73,7 @@ def render_sidebar(data) -> list:
                     st.caption(md_text(reason))
         st.markdown("**Device**")
         st.markdown(describe_device("auto"))
-        job = ss.get("ua_job")
+        job = state.view().job
         if job is not None and not job.done:
             st.info(f"Training {md_text(job.label)}: {md_text(job.stage)}")
         st.caption(f"Run store: `{default_store_dir()}`")

@@ -1,35 +1,31 @@
-"""Session state of the dashboard and its mirror in the URL (``st.query_params``).
+"""The dashboard's view state: one typed accessor over ``st.session_state`` and its mirror in the URL.
 
-What defines a view lives in a few canonical session keys (never widget keys, which Streamlit
-drops when a page stops drawing the widget):
+Every ``ua_*`` session key is a field of :class:`ViewState` (the key is ``"ua_" + field name``): its
+default, the widget that controls it (if any), the values it may take and the URL query parameter that
+mirrors it (if any). Pages read a frozen snapshot (:func:`view`), write with :func:`update` (unknown
+names and values outside a field's choices are errors) and draw every control bound to a field with
+:func:`control`; no other module spells a session key.
 
-* ``ua_dataset`` — the active :class:`DatasetSpec` (query params ``data``, ``quarter``, ``y``,
-  ``transform``, ``strata``, ``lon``, ``lat``, ``weight``, ``time``);
-* ``ua_run`` / ``ua_run2`` — the run shown on Maps / Export and the optional second run (``run``, ``run2``);
-* ``ua_xref`` — the kernel-slice reference point ``(lon, lat)`` (``xref=lon,lat``);
-* ``ua_map`` — which map is shown (``map=mean|width|data|exceed``);
-* ``ua_threshold`` — the Decide page's threshold in original units (also drawn as P(below) on Maps).
-
-:func:`init_session` reads the URL once per session; :func:`sync_query` writes the state back
-after every run, so a copied URL reopens the same view.
+The URL mirrors the data set (``data``, ``quarter``, ``y``, ``transform``, ``strata``, ``lon``, ``lat``,
+``weight``, ``time``: :class:`DatasetSpec`), the active run and the second run (``run``, ``run2``), the
+kernel-slice reference point (``xref=lon,lat``) and the map kind (``map=mean|width|data|exceed``).
+:func:`init_session` reads the URL once per session; :func:`sync_query` writes the state back after
+every run, so a copied URL reopens the same view.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
+from app.uploads import is_reference, resolve_upload
 from gpcore.errors import GPCoreError
 
 DEFAULT_SAMPLE = "puerto_rico"
 MAP_KINDS = ("mean", "width", "data", "exceed")
-UPLOAD_PREFIX = "upload:"
 SAMPLE_PREFIX = "sample:"
 
 
@@ -150,95 +146,6 @@ class DatasetSpec:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# uploads: content-addressed files under the run store
-# ---------------------------------------------------------------------------------------------
-
-
-def uploads_dir() -> Path:
-    from gpcore.store import default_store_dir
-
-    return default_store_dir() / "_uploads"
-
-
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_UPLOAD_REF = re.compile(r"[0-9a-f]{16}/[A-Za-z0-9_.-]{1,200}")
-
-
-#: Longest stored upload name (file systems allow 255 bytes; the suffix is kept).
-MAX_UPLOAD_NAME = 120
-#: Uploads kept in ``_uploads`` (MB, newest kept; ``UA_UPLOAD_CACHE_MB`` overrides).
-UPLOAD_CACHE_MB = 2048
-
-
-def safe_upload_name(name: str) -> str:
-    """A file name made of ``[A-Za-z0-9_.-]``, at most :data:`MAX_UPLOAD_NAME` characters, suffix kept."""
-    safe = _SAFE.sub("_", Path(str(name)).name).strip("._") or "upload"
-    if len(safe) > MAX_UPLOAD_NAME:
-        stem, dot, suffix = safe.rpartition(".")
-        suffix = suffix[:16] if dot and stem else ""
-        safe = safe[: MAX_UPLOAD_NAME - len(suffix) - 1].rstrip("._") + ("." + suffix if suffix else "")
-    return safe
-
-
-def save_upload(name: str, data: bytes) -> str:
-    """Store uploaded bytes once (by content digest); return the ``upload:<digest>/<name>`` reference.
-
-    The store is a size-capped cache (:func:`prune_uploads`); a file that fails validation is removed
-    again with :func:`discard_upload`.
-    """
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    safe = safe_upload_name(name)
-    folder = uploads_dir() / digest
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / safe
-    if not path.exists():
-        tmp = folder / f".{safe}.{os.getpid()}.part"
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        prune_uploads(keep=folder)
-    else:
-        os.utime(folder)  # recently used: kept longest
-    return f"{UPLOAD_PREFIX}{digest}/{safe}"
-
-
-def discard_upload(ref: str) -> None:
-    """Remove an upload that failed validation (its folder, when nothing else is in it)."""
-    try:
-        path = resolve_upload(ref)
-    except GPCoreError:
-        return
-    path.unlink(missing_ok=True)
-    try:
-        path.parent.rmdir()
-    except OSError:
-        pass
-
-
-def prune_uploads(keep: Path | None = None, cap_mb: float | None = None) -> list[str]:
-    """Delete the least recently used upload folders until ``_uploads`` fits the cap; returns their digests."""
-    cap = float(os.environ.get("UA_UPLOAD_CACHE_MB", UPLOAD_CACHE_MB) if cap_mb is None else cap_mb) * 1024**2
-    root = uploads_dir()
-    if not root.is_dir():
-        return []
-    folders = []
-    for p in root.iterdir():
-        if p.is_dir() and not p.is_symlink():
-            size = sum(f.stat().st_size for f in p.iterdir() if f.is_file())
-            folders.append((p.stat().st_mtime, size, p))
-    total = sum(s for _, s, _ in folders)
-    removed = []
-    for _, size, p in sorted(folders, key=lambda t: t[0]):
-        if total <= cap:
-            break
-        if keep is not None and p == keep:
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-        total -= size
-        removed.append(p.name)
-    return removed
-
-
 def source_path(source: str) -> Path:
     """File path of an ``upload:`` reference or of a ``file:<path>`` source (runs made by the CLI)."""
     if source.startswith("file:"):
@@ -256,7 +163,7 @@ def check_url_reference(param: str, value: str) -> None:
     if param == "data":
         if value.startswith(SAMPLE_PREFIX) and value[len(SAMPLE_PREFIX) :] in SAMPLES:
             return
-        if value.startswith(UPLOAD_PREFIX) and _UPLOAD_REF.fullmatch(value[len(UPLOAD_PREFIX) :]):
+        if is_reference(value):
             return
         raise DataError(
             f"the link's data={value[:80]!r} is not allowed: a link may name a bundled sample "
@@ -265,31 +172,12 @@ def check_url_reference(param: str, value: str) -> None:
     if value == "county_metro" or value.startswith("column:"):
         return
     ref = value[len("polygons:") :] if value.startswith("polygons:") else ""
-    if ref.startswith(UPLOAD_PREFIX) and _UPLOAD_REF.fullmatch(ref[len(UPLOAD_PREFIX) :]):
+    if is_reference(ref):
         return
     raise DataError(
         f"the link's strata={value[:80]!r} is not allowed: use county_metro, column:<NAME> or an uploaded "
         "polygon layer (polygons:upload:<digest>/<name>)"
     )
-
-
-def resolve_upload(ref: str) -> Path:
-    """File path of an ``upload:<digest>/<name>`` reference."""
-    from gpcore.errors import DataError
-
-    rel = ref[len(UPLOAD_PREFIX) :] if ref.startswith(UPLOAD_PREFIX) else ref
-    digest, _, name = rel.partition("/")
-    if not re.fullmatch(r"[0-9a-f]{16}", digest) or not name or "/" in name or name.startswith("."):
-        raise DataError(f"'{ref}' is not an uploaded file reference")
-    path = uploads_dir() / digest / name
-    if not path.is_file():
-        raise DataError(f"the uploaded file '{name}' is no longer on the server; upload it again")
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# session <-> URL
-# ---------------------------------------------------------------------------------------------
 
 
 def parse_xref(text: str | None) -> tuple[float, float] | None:
@@ -309,66 +197,139 @@ def format_xref(xref) -> str:
     return f"{xref[0]:.5f},{xref[1]:.5f}"
 
 
-def init_session() -> None:
-    """Fill the canonical keys from the URL (first run of a session) or defaults."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the view state
+# ---------------------------------------------------------------------------------------------
+
+PREFIX = "ua_"
+
+
+def _key(default: Any = None, *, widget: str | None = None, query: str | None = None,
+         choices: tuple | None = None) -> Any:
+    """A :class:`ViewState` field: its default, controlling widget key, URL parameter and allowed values."""
+    return field(default=default, metadata={"widget": widget, "query": query, "choices": choices})
+
+
+@dataclass(frozen=True)
+class ViewState:
+    """Every value the dashboard keeps between reruns, read as one frozen snapshot (:func:`view`).
+
+    A field ``name`` lives in the session key ``"ua_" + name``; a field with a ``widget`` is drawn only
+    by :func:`control` under that widget key; a field with a ``query`` is mirrored in the URL.
+    """
+
+    # what a link reopens (mirrored in the URL)
+    dataset: DatasetSpec | None = _key(query="data")  # the active data set; set by init_session
+    run: str | None = _key(widget="w_sidebar_run", query="run")  # the one run picker: the sidebar's
+    run2: str | None = _key(widget="w_maps_run2", query="run2")  # Maps: the second run side by side
+    xref: tuple[float, float] | None = _key(query="xref")  # Maps: the kernel-slice reference point
+    map: str = _key("mean", widget="w_map_kind", query="map", choices=MAP_KINDS)
+    # Maps controls
+    scale: str = _key("viridis", widget="w_scale")
+    slice_mode: str = _key("kernel", widget="w_slice_mode", choices=("kernel", "correlation", "max"))
+    width_units: str = _key("model", widget="w_width_units", choices=("model", "original"))
+    strata_outline: bool = _key(False, widget="w_strata_outline")
+    basemap: bool = _key(False, widget="w_basemap")
+    side: bool = _key(False, widget="w_side")
+    shared_scale: bool = _key(True, widget="w_shared_scale")
+    # Decide (the threshold is also drawn as P(below) on Maps)
+    threshold: float | None = _key(widget="w_decide_threshold")
+    threshold_run: str | None = _key()  # the run the threshold was defaulted for
+    direction: str = _key("below", widget="w_decide_direction", choices=("below", "above"))
+    areas: str = _key("counties", widget="w_decide_areas", choices=("counties", "strata"))
+    area_weights: str = _key("uniform", widget="w_decide_weights", choices=("uniform", "area"))
+    decide_area: str | None = _key()  # the area whose posterior is shown (a click on the choropleth)
+    sample_seed: int = _key(0, widget="w_decide_seed")
+    sites_k: int = _key(10, widget="w_decide_k")
+    sites_target: str = _key("all", widget="w_decide_target")
+    sites_min_km: float = _key(0.0, widget="w_decide_min_km")
+    decide_request: tuple | None = _key()  # (k, target, min_km) the suggestions are computed for
+    # Compare
+    cmp_split: str | None = _key(widget="w_cmp_split")
+    # session bookkeeping
+    job: Any = _key()  # the session's app.jobs.TrainingJob
+    job_seen: bool = _key(False)  # the progress panel saw the job end (one full rerun)
+    job_selected: bool = _key(False)  # the finished job's run was made the active run once
+    flash: str | None = _key()  # a message shown once on the next rerun of the Data page
+    url_error: str | None = _key()  # why the link's data set was refused (shown once)
+    initialised: bool = _key(False)
+    script_ms: float | None = _key()  # server time of the last script run (read by benchmarks/bench_app.py)
+
+
+FIELDS = {f.name: f for f in fields(ViewState)}
+
+
+def session_key(name: str) -> str:
+    """The session key of field ``name`` (``KeyError`` for a name that is not a field)."""
+    return PREFIX + FIELDS[name].name
+
+
+def widget_key(name: str) -> str:
+    """The key of the widget that controls field ``name``."""
+    key = FIELDS[name].metadata["widget"]
+    if key is None:
+        raise KeyError(f"no widget controls the view-state field {name!r}")
+    return key
+
+
+def _default(f) -> Any:
+    return None if f.default is MISSING else f.default
+
+
+def view() -> ViewState:
+    """A snapshot of the view state (defaults where a key is not set)."""
     ss = st.session_state
-    if ss.get("ua_initialised"):
-        return
-    qp = st.query_params
-    try:
-        ss.ua_dataset = DatasetSpec.from_query(qp) or DatasetSpec.for_sample(DEFAULT_SAMPLE)
-    except GPCoreError as exc:  # the URL names something links may not (see check_url_reference)
-        ss.ua_url_error = str(exc)
-        ss.ua_dataset = DatasetSpec.for_sample(DEFAULT_SAMPLE)
-    ss.ua_run = qp.get("run") or None
-    ss.ua_run2 = qp.get("run2") or None
-    ss.ua_xref = parse_xref(qp.get("xref"))
-    ss.ua_map = qp.get("map") if qp.get("map") in MAP_KINDS else "mean"
-    ss.ua_initialised = True
+    return ViewState(**{name: ss.get(PREFIX + name, _default(f)) for name, f in FIELDS.items()})
 
 
-def sync_query() -> None:
-    """Write the canonical state to ``st.query_params`` (only when something changed)."""
-    ss = st.session_state
-    want: dict[str, str] = dict(ss.ua_dataset.to_query())
-    if ss.get("ua_run"):
-        want["run"] = ss.ua_run
-    if ss.get("ua_run2"):
-        want["run2"] = ss.ua_run2
-    if ss.get("ua_xref"):
-        want["xref"] = format_xref(ss.ua_xref)
-    if ss.get("ua_map", "mean") != "mean":
-        want["map"] = ss.ua_map
-    current = {k: st.query_params.get(k) for k in st.query_params}
-    if current != want:
-        st.query_params.from_dict(want)
+def _check(name: str, value: Any) -> None:
+    if name not in FIELDS:
+        raise KeyError(f"{name!r} is not a view-state field; fields: {', '.join(FIELDS)}")
+    choices = FIELDS[name].metadata["choices"]
+    if choices is not None and value is not None and value not in choices:
+        raise ValueError(f"view-state field {name!r} cannot be {value!r}; allowed: {', '.join(choices)}")
 
 
-def set_dataset(spec: DatasetSpec) -> None:
-    st.session_state.ua_dataset = spec
+def update(**changes: Any) -> None:
+    """Set view-state fields (checked against :class:`ViewState`: names and choices)."""
+    for name, value in changes.items():
+        _check(name, value)
+        st.session_state[PREFIX + name] = value
+
+
+def take(name: str) -> Any:
+    """Read a field and reset it to its default (messages shown once)."""
+    value = st.session_state.pop(session_key(name), _default(FIELDS[name]))
+    return value
 
 
 def dataset() -> DatasetSpec:
-    return st.session_state.ua_dataset
+    return view().dataset
 
 
 _MISSING = object()
 
 
-def bound(widget, label: str, *args, state_key: str, key: str, valid=lambda v: True, **kwargs):
-    """Draw ``widget(label, *args, key=key, ...)`` bound to the canonical session key ``state_key``.
+def control(widget, label: str, *args, name: str, valid=None, **kwargs):
+    """Draw ``widget(label, *args, ...)`` as the control of view-state field ``name``; returns its value.
 
-    One source of truth per value: the user's change reaches the canonical key in the widget's
-    ``on_change`` callback (and the URL at the end of the rerun: query parameters set inside a callback
-    do not reach the browser), which Streamlit runs *before* the script reruns, so nothing can
-    overwrite it. The widget is seeded from the canonical key only when they differ — on its first draw
-    on a page (Streamlit drops a widget's key when a page stops drawing it) or after another widget
-    bound to the same value (the sidebar's and the Maps page's run selectors) changed it. A value the
-    widget cannot show (``valid`` false: a deleted run) is not seeded; the widget's own default then
-    becomes the canonical value. Deselecting a segmented control keeps the current value.
+    One source of truth per value: the widget's key comes from :class:`ViewState`; the user's change
+    reaches the session key in the widget's ``on_change`` callback (and the URL at the end of the rerun:
+    query parameters set inside a callback do not reach the browser), which Streamlit runs *before* the
+    script reruns, so nothing can overwrite it. The widget is seeded from the field (its default until
+    set) only when they differ: on its first draw on a page (Streamlit drops a widget's key when a page
+    stops drawing it) or after a callback changed the field. A value the widget cannot show (``valid``
+    false, e.g. a deleted run; by default: outside the field's choices) is not seeded; the widget's own
+    first option then becomes the field's value. Deselecting a segmented control keeps the current value.
     """
     ss = st.session_state
-    canonical = ss.get(state_key)
+    state_key, key = session_key(name), widget_key(name)
+    if valid is None:
+        choices = FIELDS[name].metadata["choices"]
+        valid = (lambda v: True) if choices is None else choices.__contains__
+    canonical = ss.get(state_key, _default(FIELDS[name]))
     if canonical is not None and valid(canonical) and ss.get(key, _MISSING) != canonical:
         ss[key] = canonical
 
@@ -382,6 +343,53 @@ def bound(widget, label: str, *args, state_key: str, key: str, valid=lambda v: T
     value = widget(label, *args, key=key, on_change=changed, **kwargs)
     if value is None:
         value = ss.get(state_key)
-    if ss.get(state_key) != value:
+    if ss.get(state_key, _MISSING) != value:
         ss[state_key] = value
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# view state <-> URL
+# ---------------------------------------------------------------------------------------------
+
+#: URL codecs of the fields that are not plain strings: ``(parse, format)``.
+_CODECS = {"xref": (parse_xref, format_xref)}
+
+
+def init_session() -> None:
+    """Fill the URL-mirrored fields from the URL (first run of a session) or their defaults."""
+    if view().initialised:
+        return
+    qp = st.query_params
+    try:
+        spec = DatasetSpec.from_query(qp) or DatasetSpec.for_sample(DEFAULT_SAMPLE)
+    except GPCoreError as exc:  # the URL names something links may not (see check_url_reference)
+        update(url_error=str(exc))
+        spec = DatasetSpec.for_sample(DEFAULT_SAMPLE)
+    changes: dict[str, Any] = {"dataset": spec}
+    for name, f in FIELDS.items():
+        param = f.metadata["query"]
+        if param is None or name == "dataset":
+            continue
+        parse = _CODECS.get(name, (lambda v: v or None, None))[0]
+        value = parse(qp.get(param))
+        choices = f.metadata["choices"]
+        changes[name] = value if value is not None and (choices is None or value in choices) else _default(f)
+    changes["side"] = bool(changes["run2"])
+    update(**changes, initialised=True)
+
+
+def sync_query() -> None:
+    """Write the URL-mirrored fields to ``st.query_params`` (only when something changed)."""
+    v = view()
+    want: dict[str, str] = dict(v.dataset.to_query())
+    for name, f in FIELDS.items():
+        param = f.metadata["query"]
+        value = getattr(v, name)
+        if param is None or name == "dataset" or value is None or value == _default(f):
+            continue
+        show = _CODECS.get(name, (None, str))[1]
+        want[param] = show(value)
+    current = {k: st.query_params.get(k) for k in st.query_params}
+    if current != want:
+        st.query_params.from_dict(want)

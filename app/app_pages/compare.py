@@ -67,19 +67,18 @@ def pick_split(pool) -> str:
     kinds = sorted({split_key(r) for r in pool}, key=lambda k: (k != "random", float(k.split(":")[1]) if ":" in k
                                                                  else 0.0))
     if len(kinds) > 1:
-        ss = st.session_state
-        if ss.get("ua_cmp_split") not in kinds:
-            ss.ua_cmp_split = kinds[0]
-        return state.bound(st.segmented_control, "Test split", kinds, format_func=split_name, key="w_cmp_split",
-                           state_key="ua_cmp_split", valid=lambda v: v in kinds,
-                           help="Random: test rows between training rows. Spatial blocks: whole squares held out, "
-                                "so test rows lie inside gaps. A model calibrated only between measurements is "
-                                "not calibrated.")
+        if state.view().cmp_split not in kinds:
+            state.update(cmp_split=kinds[0])
+        return state.control(st.segmented_control, "Test split", kinds, format_func=split_name, name="cmp_split",
+                             valid=kinds.__contains__,
+                             help="Random: test rows between training rows. Spatial blocks: whole squares held out, "
+                                  "so test rows lie inside gaps. A model calibrated only between measurements is "
+                                  "not calibrated.")
     kind = kinds[0]
     other = "block" if kind == "random" else "random"
     newest = pool[0]
     cfg = {**newest.manifest.get("config", {}), "split": other, "block_km": 10.0}
-    from gpcore.cli import fit_command
+    from gpcore.run.config import fit_command
     from gpcore.store import RunStore
 
     out = shlex.quote(str(RunStore().root / f"{newest.model}-{other}"))
@@ -91,9 +90,9 @@ def pick_split(pool) -> str:
 
 
 def split_summary_table(runs) -> pd.DataFrame:
-    """Each model's newest run per split kind, random vs blocks (:func:`gpcore.compare.split_summary`), from the
+    """Each model's newest run per split kind, random vs blocks (:func:`gpcore.run.compare.split_summary`), from the
     runs' manifests; empty when no model has runs of both kinds."""
-    from gpcore.compare import split_summary
+    from gpcore.run.compare import split_summary
 
     rows = []
     for r in runs:
@@ -136,11 +135,9 @@ def names_for(infos) -> dict[str, str]:
     return out
 
 
-def page() -> None:
-    ss = st.session_state
+def render(data: cache.LoadedData, runs: list) -> None:
+    """The Compare page: the chosen runs on ``data`` (or on any data set), ranked, with their charts."""
     st.title("Compare")
-    data: cache.LoadedData = ss.ua_data
-    runs = ss.get("ua_runs") or cache.list_runs()
     infos, kind = pick_runs(runs, data.data_hash)
     if not infos:
         return
@@ -236,5 +233,3 @@ def page() -> None:
             st.subheader("Fit and predict times")
             st.plotly_chart(charts.timings(overall), width="stretch", key="cmp_timings", config=cfg)
 
-
-page()

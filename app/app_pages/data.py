@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import cache, mapview, state
+from app import cache, mapview, state, uploads
 from app.colors import legend_html
 from app.messages import for_page
 from app.safe_html import md_code, md_text
@@ -37,7 +37,6 @@ def source_picker(active: state.DatasetSpec) -> str | None:
     """Sample or upload; returns the chosen ``source`` (None while an upload is missing or unusable)."""
     from gpcore.data import SAMPLES
 
-    ss = st.session_state
     kind = st.radio(
         "Source", ["Bundled sample", "Upload a file"], horizontal=True, key="w_src_kind",
         index=0 if active.sample_key else 1,
@@ -60,15 +59,14 @@ def source_picker(active: state.DatasetSpec) -> str | None:
             return active.source
         st.caption("The active data set stays until a new file is read without errors.")
         return None
-    ref = state.save_upload(upload.name, upload.getvalue())
+    ref = uploads.save_upload(upload.name, upload.getvalue())
     try:
         cache.st_columns(ref)
     except GPCoreError as exc:
-        state.discard_upload(ref)  # an unusable file is not kept
+        uploads.discard_upload(ref)  # an unusable file is not kept
         st.error(f"**{md_text(upload.name)}** cannot be used: {md_text(for_page(exc))}")
         st.caption("The previous data set and all runs are kept.")
         return None
-    ss.ua_last_upload = ref
     return ref
 
 
@@ -192,13 +190,13 @@ def strata_picker(base: state.DatasetSpec, cols: list[str], sfx: str):
             return base.strata
         st.info("Upload a polygon layer, e.g. Census urban areas.")
         return False
-    ref = state.save_upload(up.name, up.getvalue())
+    ref = uploads.save_upload(up.name, up.getvalue())
     try:
         from gpcore.data import read_polygons
 
-        read_polygons(state.source_path(ref))
+        read_polygons(uploads.resolve_upload(ref))
     except GPCoreError as exc:
-        state.discard_upload(ref)
+        uploads.discard_upload(ref)
         st.error(f"**{md_text(up.name)}** cannot be used as strata: {md_text(exc)}")
         return False
     return f"polygons:{ref}"
@@ -213,9 +211,7 @@ def load_button(spec: state.DatasetSpec | None, active: state.DatasetSpec) -> No
             st.error(md_text(exc))
             st.caption("The previous data set and all runs are kept.")
             return
-        state.set_dataset(spec)
-        st.session_state.ua_xref = None
-        st.session_state.ua_flash = f"Loaded {spec.label()}."
+        state.update(dataset=spec, xref=None, flash=f"Loaded {spec.label()}.")
         st.rerun()
     if not changed and spec is not None:
         st.caption("These settings are the active data set.")
@@ -269,13 +265,12 @@ def measurement_map(data: cache.LoadedData) -> None:
             st.caption(info.attribution)
 
 
-def page() -> None:
-    ss = st.session_state
+def render(data: cache.LoadedData, runs: list) -> None:
+    """The Data page: choose the active data set (the sidebar shows it); ``runs`` are not needed here."""
     st.title("Data")
-    flash = ss.pop("ua_flash", None)
+    flash = state.take("flash")
     if flash:
         st.success(flash)
-    data: cache.LoadedData = ss.ua_data
     active = data.spec
     left, right = st.columns([2, 3], gap="large")
     with left:
@@ -287,5 +282,3 @@ def page() -> None:
         summary(data)
         measurement_map(data)
 
-
-page()

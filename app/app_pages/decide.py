@@ -33,17 +33,18 @@ def on_area_pick(widget_key: str, labels: np.ndarray) -> None:
     """Click on the choropleth: the clicked cell's area becomes the one whose posterior is shown."""
     cell = gridmap.picked_cell(st.session_state.get(widget_key))
     if cell is not None and cell < len(labels) and labels[cell] is not None:
-        st.session_state.ua_decide_area = str(labels[cell])
+        state.update(decide_area=str(labels[cell]))
 
 
 def request_suggestions() -> None:
     """Button callback: remember the settings the suggestions are computed for."""
     ss = st.session_state
-    ss.ua_decide_request = (int(ss.w_decide_k), ss.w_decide_target, float(ss.w_decide_min_km))
+    k, target, min_km = (ss[state.widget_key(n)] for n in ("sites_k", "sites_target", "sites_min_km"))
+    state.update(decide_request=(int(k), target, float(min_km)))
 
 
 def redraw_samples() -> None:
-    st.session_state.w_decide_seed = int(st.session_state.get("w_decide_seed", 0)) + 1
+    state.update(sample_seed=int(state.view().sample_seed) + 1)
 
 
 def grid_image(key, values: np.ndarray, scale: ColorScale) -> str:
@@ -66,20 +67,16 @@ def _outlines(run):
 
 
 def threshold_controls(run) -> tuple[float, str, str]:
-    ss = st.session_state
-    if ss.get("ua_threshold_run") != run.run_id:  # a new run: its own default threshold
-        ss.ua_threshold = mapview.default_threshold(run)
-        ss.ua_threshold_run = run.run_id
+    if state.view().threshold_run != run.run_id:  # a new run: its own default threshold
+        state.update(threshold=mapview.default_threshold(run), threshold_run=run.run_id)
     c = st.columns([2, 2, 3])
     with c[0]:
-        t = state.bound(st.number_input, f"Threshold ({run.units or 'original units'})", key="w_decide_threshold",
-                        state_key="ua_threshold", min_value=1e-6 if run.transform.needs_positive else None,
-                        format="%g",
+        t = state.control(st.number_input, f"Threshold ({run.units or 'original units'})", name="threshold",
+                          min_value=1e-6 if run.transform.needs_positive else None, format="%g",
                         help="35 Mbps: the FCC's 5G-NR mobile download benchmark (2024); 100 Mbps for fixed. "
                              "The Maps page draws P(below) at this threshold too.")
     with c[1]:
-        direction = st.segmented_control("Probability of being", list(DIRECTIONS), default="below",
-                                         key="w_decide_direction") or "below"
+        direction = state.control(st.segmented_control, "Probability of being", list(DIRECTIONS), name="direction")
     with c[2]:
         st.caption(f"Model space: {run.transform.units_label(run.units)} = "
                    f"{float(run.transform.forward(t)) if run.transform.needs_positive else t:.4g}; "
@@ -99,16 +96,15 @@ def exceedance_section(run, key, t, units, direction) -> np.ndarray:
 
 
 def areas_section(run, key, t, units) -> None:
-    ss = st.session_state
     st.subheader("Areas")
     c = st.columns([2, 2, 3])
     has_strata = bool(run.config.get("strata"))
     sources = ["counties"] + (["strata"] if has_strata else [])
     with c[0]:
-        source = st.radio("Areas", sources, horizontal=True, key="w_decide_areas",
-                          format_func={"counties": "counties", "strata": "strata of the run"}.get)
+        source = state.control(st.radio, "Areas", sources, horizontal=True, name="areas", valid=sources.__contains__,
+                               format_func={"counties": "counties", "strata": "strata of the run"}.get)
     with c[1]:
-        weights = st.radio("Weights", ["uniform", "area"], horizontal=True, key="w_decide_weights",
+        weights = state.control(st.radio, "Weights", ["uniform", "area"], horizontal=True, name="area_weights",
                            help="How cells count in an area's mean: equally, or by their area in km².")
     try:
         table = cache.st_areas(*key, source, weights, t, units)
@@ -126,7 +122,7 @@ def areas_section(run, key, t, units) -> None:
         draw(run, key, cell_p, ColorScale("rdbu", 0.0, 1.0), "P(area mean below threshold)", wk, clickable=True,
              on_change=lambda: on_area_pick(wk, labels), hint="Click an area for its posterior")
     with right:
-        picked = ss.get("ua_decide_area")
+        picked = state.view().decide_area
         if picked in prob:
             row = table[table["area"] == picked].iloc[0]
             u = f" {run.units}" if run.units else ""
@@ -175,7 +171,7 @@ def samples_section(run, key) -> None:
     st.subheader("Plausible maps")
     c = st.columns([2, 2, 5])
     with c[0]:
-        seed = st.number_input("Seed", min_value=0, step=1, key="w_decide_seed")
+        seed = state.control(st.number_input, "Seed", min_value=0, step=1, name="sample_seed")
     with c[1]:
         st.button("Draw another four", key="w_decide_redraw", on_click=redraw_samples)
     with c[2]:
@@ -195,7 +191,6 @@ def samples_section(run, key) -> None:
 
 
 def suggest_section(run, key, t, units) -> None:
-    ss = st.session_state
     st.subheader("Where to measure next")
     targets = dict(TARGETS)
     if run.config.get("strata"):
@@ -203,14 +198,15 @@ def suggest_section(run, key, t, units) -> None:
             targets[f"stratum:{name}"] = f"stratum {name}"
     c = st.columns([2, 3, 2, 2])
     with c[0]:
-        st.slider("Sites k", 1, 20, 10, key="w_decide_k")
+        state.control(st.slider, "Sites k", 1, 20, name="sites_k")
     with c[1]:
-        st.selectbox("Reduce the variance over", list(targets), format_func=targets.get, key="w_decide_target")
+        state.control(st.selectbox, "Reduce the variance over", list(targets), format_func=targets.get,
+                      name="sites_target", valid=targets.__contains__)
     with c[2]:
-        st.number_input("Minimum spacing (km)", min_value=0.0, value=0.0, step=1.0, key="w_decide_min_km")
+        state.control(st.number_input, "Minimum spacing (km)", min_value=0.0, step=1.0, name="sites_min_km")
     with c[3]:
         st.button("Suggest sites", key="w_decide_suggest", on_click=request_suggestions, type="primary")
-    req = ss.get("ua_decide_request")
+    req = state.view().decide_request
     if not req:
         st.info("Choose how many sites and where the uncertainty matters, then press Suggest sites.")
         return
@@ -264,19 +260,18 @@ def sites_geojson(picks: pd.DataFrame) -> str:
     return json.dumps({"type": "FeatureCollection", "features": feats})
 
 
-def page() -> None:
-    ss = st.session_state
+def render(data: cache.LoadedData, runs: list) -> None:
+    """The Decide page of the active run (the sidebar's picker; the first run with a grid if it has none)."""
     st.title("Decide")
-    runs = ss.get("ua_runs") or cache.list_runs()
     runs = cache.runs_with_grid(runs)
     if not runs:
         st.info("No run with a prediction grid yet: train one on the Train page.")
         return
-    ids = [r.run_id for r in runs]
-    titles = cache.run_titles(runs)
-    state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_decide_run", state_key="ua_run",
-                valid=lambda v: v in ids)
-    info = next((r for r in runs if r.run_id == ss.get("ua_run")), runs[0])
+    info = next((r for r in runs if r.run_id == state.view().run), None)
+    if info is None:
+        info = runs[0]
+        title = cache.run_titles([info])[info.run_id]
+        st.caption(f"The active run has no prediction grid: showing {md_text(title)}.")
     key = cache.run_key(info)
     run = cache.st_run_data(*key)
     st.caption(f"model `{run.model}` · {len(run.grid):,} grid cells · from the run's stored grid and model")
@@ -290,6 +285,3 @@ def page() -> None:
     areas_section(run, key, t, units)
     samples_section(run, key)
     suggest_section(run, key, t, units)
-
-
-page()

@@ -8,20 +8,17 @@ from pathlib import Path
 import streamlit as st
 
 from app import cache, state
+from app.safe_html import md_text
 
 
-def page() -> None:
-    ss = st.session_state
+def render(data, runs: list) -> None:
+    """The Export page of the active run (the sidebar's picker)."""
     st.title("Export")
-    runs = ss.get("ua_runs") or cache.list_runs()
     if not runs:
         st.info("No runs yet: train one on the Train page.")
         return
-    ids = [r.run_id for r in runs]
-    titles = cache.run_titles(runs)
-    state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_export_run", state_key="ua_run",
-                valid=lambda v: v in ids)
-    info = next(r for r in runs if r.run_id == ss.ua_run)
+    info = next((r for r in runs if r.run_id == state.view().run), runs[0])
+    st.markdown(f"#### {md_text(cache.run_titles([info])[info.run_id])}")
     path = str(info.path)
     m = info.manifest
     stem = f"{info.run_id}"
@@ -68,9 +65,7 @@ def page() -> None:
 
 def cli_command(cfg: dict) -> str:
     """The ``python -m gpcore fit`` command that reproduces a run's configuration."""
-    from gpcore.cli import fit_command
+    from gpcore.run.config import fit_command
 
     return fit_command(cfg, out="runs/reproduced")
 
-
-page()

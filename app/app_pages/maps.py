@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import cache, gridmap, mapview, state
+from app import cache, gridmap, mapview, state, uploads
 from app.colors import SCALES, format_number, legend_html
 from app.modelinfo import noise_text, training_note, uncertainty_note
 from app.safe_html import md_text
@@ -36,53 +36,45 @@ def on_pick(widget_key: str, key: tuple[str, float]) -> None:
     grid = cache.st_run_data(*key).grid
     if cell >= len(grid):
         return
-    st.session_state.ua_xref = (round(float(grid["lon"].iloc[cell]), 5), round(float(grid["lat"].iloc[cell]), 5))
+    state.update(xref=(round(float(grid["lon"].iloc[cell]), 5), round(float(grid["lat"].iloc[cell]), 5)))
 
 
-def controls(runs) -> dict:
-    ss = st.session_state
+def controls(runs) -> state.ViewState:
+    """The map controls (the run comes from the sidebar's picker); returns the view state they leave."""
     ids = [r.run_id for r in runs]
     titles = cache.run_titles(runs)
-    c = st.columns([4, 5])  # the Map control needs room for its four options
-    with c[0]:
-        state.bound(st.selectbox, "Run", ids, format_func=titles.get, key="w_maps_run", state_key="ua_run",
-                    valid=lambda v: v in ids)
-    with c[1]:
-        state.bound(st.segmented_control, "Map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="w_map_kind",
-                    state_key="ua_map", valid=lambda v: v in MAP_LABELS)
+    state.control(st.segmented_control, "Map", list(MAP_LABELS), format_func=MAP_LABELS.get, name="map")
     c = st.columns([2, 3, 2, 2])
     with c[0]:
-        scale = st.selectbox("Colour scale", MAP_SCALES, key="w_scale")
+        state.control(st.selectbox, "Colour scale", MAP_SCALES, name="scale", valid=MAP_SCALES.__contains__)
     with c[1]:
-        slice_mode = st.selectbox("Kernel slice", list(SLICE_MODES), format_func=SLICE_MODES.get, key="w_slice_mode")
+        state.control(st.selectbox, "Kernel slice", list(SLICE_MODES), format_func=SLICE_MODES.get, name="slice_mode")
     with c[2]:
-        width_units = st.radio("PI width units", ["model", "original"], horizontal=True, key="w_width_units",
-                               format_func=lambda u: {"model": "model space", "original": "original"}[u])
+        state.control(st.radio, "PI width units", ["model", "original"], horizontal=True, name="width_units",
+                      format_func=lambda u: {"model": "model space", "original": "original"}[u])
     with c[3]:
-        strata = st.checkbox("Strata outlines", key="w_strata_outline")
-        basemap = st.checkbox("Basemap (needs network)", value=False, key="w_basemap",
-                              help="Off by default: with no network the map has no tiles; outlines are drawn locally.")
+        state.control(st.checkbox, "Strata outlines", name="strata_outline")
+        state.control(st.checkbox, "Basemap (needs network)", name="basemap",
+                      help="Off by default: with no network the map has no tiles; outlines are drawn locally.")
     c = st.columns([5, 2, 2])
     with c[0]:
-        ss.ua_side = st.toggle("Second run side by side", value=bool(ss.get("ua_run2")), key="w_side")
-        if ss.ua_side and len(ids) > 1:
-            others = [i for i in ids if i != ss.ua_run]
-            state.bound(st.selectbox, "Second run", others, format_func=titles.get, key="w_maps_run2",
-                        state_key="ua_run2", valid=lambda v: v in others)
-        elif ss.ua_side:
-            st.caption("Train another run to compare two maps.")
-            ss.ua_run2 = None
+        side = state.control(st.toggle, "Second run side by side", name="side")
+        others = [i for i in ids if i != state.view().run]
+        if side and others:
+            state.control(st.selectbox, "Second run", others, format_func=titles.get, name="run2",
+                          valid=others.__contains__)
         else:
-            ss.ua_run2 = None
+            if side:
+                st.caption("Train another run to compare two maps.")
+            state.update(run2=None)
     with c[1]:
-        shared = st.checkbox("Same colour scale for both runs", value=True, key="w_shared_scale",
-                             disabled=not ss.get("ua_run2"))
+        state.control(st.checkbox, "Same colour scale for both runs", name="shared_scale",
+                      disabled=not state.view().run2)
     with c[2]:
-        if ss.get("ua_xref") is not None and st.button("Clear x_ref", key="w_clear_xref"):
-            ss.ua_xref = None
+        if state.view().xref is not None and st.button("Clear x_ref", key="w_clear_xref"):
+            state.update(xref=None)
             st.rerun()
-    return dict(scale=scale, slice_mode=slice_mode, width_units=width_units, strata=strata, basemap=basemap,
-                shared=shared)
+    return state.view()
 
 
 def run_info(info) -> tuple[cache.RunData, tuple[str, float]]:
@@ -117,11 +109,7 @@ def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
         source = data
     else:
         p = Path(data)
-        try:
-            rel = p.resolve().relative_to(state.uploads_dir().resolve())
-            source = f"{state.UPLOAD_PREFIX}{rel.as_posix()}"
-        except ValueError:
-            source = f"file:{p}"
+        source = uploads.reference_of(p) or f"file:{p}"
         if not p.is_file():
             return None
     x = cfg.get("x") or [None, None]
@@ -134,46 +122,47 @@ def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
     )
 
 
-def main_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width_px: int) -> None:
-    if kind == "data":
-        data_map(run, opts, width_px)
+def main_map(run: cache.RunData, key, v: state.ViewState, limits, data, width_px: int) -> None:
+    if v.map == "data":
+        data_map(run, v, data, width_px)
     else:
-        grid_map(run, key, kind, opts, limits, xref, width_px)
+        grid_map(run, key, v, limits, width_px)
 
 
-def grid_map(run: cache.RunData, key, kind: str, opts: dict, limits, xref, width_px: int = 560) -> None:
+def grid_map(run: cache.RunData, key, v: state.ViewState, limits, width_px: int = 560) -> None:
+    kind = v.map
     if kind == "exceed":  # P(below the Decide page's threshold), from the run's stored marginals
         from app.colors import ColorScale
 
-        t = mapview.threshold_of(run, st.session_state)
+        t = mapview.threshold_of(run, v.threshold)
         scale = ColorScale("rdbu", 0.0, 1.0)
         image = cache.slice_image(*key, cache.st_exceedance(*key, t, "original", "below"), scale)
         title = f"{mapview.exceed_title(run, t)} (threshold set on the Decide page)"
     else:
-        col, scale, title = mapview.grid_scale(run, kind, opts["scale"], opts["width_units"], limits)
+        col, scale, title = mapview.grid_scale(run, kind, v.scale, v.width_units, limits)
         image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
     # The main map shows no x_ref marker: its arguments then stay the same across clicks (the slice map
     # carries the marker).
     widget_key = f"pick_{run.run_id}"
     mapview.draw_grid(run, key, image, widget_key=widget_key, clickable=True,
-                      outlines=mapview.outline_specs(*outline_parts(run, opts["strata"])), basemap=opts["basemap"],
+                      outlines=mapview.outline_specs(*outline_parts(run, v.strata_outline)), basemap=v.basemap,
                       width_px=width_px, on_change=lambda: on_pick(widget_key, key))
     st.html(legend_html(scale, title))
 
 
-def data_map(run: cache.RunData, opts: dict, width_px: int = 560) -> None:
+def data_map(run: cache.RunData, v: state.ViewState, active: cache.LoadedData, width_px: int = 560) -> None:
+    """The measurements the run was trained on (else the active data set ``active``, with a warning)."""
     spec = spec_of_run(run)
+    data = active
     if spec is None:
         st.warning("The data this run was trained on is not available here; showing the active data set.")
-        data = st.session_state.ua_data
     else:
         try:
             data = cache.st_load_dataset(spec)
         except GPCoreError as exc:
             st.warning(f"The run's data could not be read ({md_text(exc)}); showing the active data set.")
-            data = st.session_state.ua_data
-    scale, title = mapview.measurement_scale(data, opts["scale"])
-    deck = mapview.points_deck(data, scale, outlines_for(run, opts["strata"]), basemap=opts["basemap"],
+    scale, title = mapview.measurement_scale(data, v.scale)
+    deck = mapview.points_deck(data, scale, outlines_for(run, v.strata_outline), basemap=v.basemap,
                                bounds=run.bounds, width_px=width_px)
     st.pydeck_chart(deck, height=deck.map_height, key=f"data_{run.run_id}")
     st.html(legend_html(scale, title))
@@ -182,25 +171,26 @@ def data_map(run: cache.RunData, opts: dict, width_px: int = 560) -> None:
     st.caption("Click a cell on the mean or width map to choose the kernel-slice reference point.")
 
 
-def kernel_panel(run: cache.RunData, key, opts: dict, xref) -> None:
+def kernel_panel(run: cache.RunData, key, v: state.ViewState) -> None:
     """Kernel slice map around ``x_ref`` and the point's posterior mean and 95 % interval."""
+    xref = v.xref
     if xref is None:
         st.info("Click a grid cell on the mean or width map to show the kernel slice k(·, x_ref) there.")
         return
     i = run.nearest_cell(*xref)
     cell_id = run.grid["cell_id"].iloc[i]
     kc = cache.st_kernel(*key)
-    values = kc.slice(np.asarray(xref, dtype=float), opts["slice_mode"])
-    scale = mapview.slice_scale(values, opts["slice_mode"])
-    if opts["slice_mode"] == "kernel":
+    values = kc.slice(np.asarray(xref, dtype=float), v.slice_mode)
+    scale = mapview.slice_scale(values, v.slice_mode)
+    if v.slice_mode == "kernel":
         title = f"Kernel slice k(·, x_ref) in ({run.t_units})²"
     else:
-        title = "Kernel slice: " + SLICE_MODES[opts["slice_mode"]]
+        title = "Kernel slice: " + SLICE_MODES[v.slice_mode]
     image = cache.slice_image(*key, values, scale)
     st.markdown(f"**Kernel slice at x_ref** = ({xref[0]:.5f}, {xref[1]:.5f}), cell `{cell_id}`")
     mapview.draw_grid(run, key, image, widget_key=f"slice_{run.run_id}", clickable=False,
-                      outlines=mapview.outline_specs(*outline_parts(run, opts["strata"])), xref=xref,
-                      basemap=opts["basemap"], width_px=560)
+                      outlines=mapview.outline_specs(*outline_parts(run, v.strata_outline)), xref=xref,
+                      basemap=v.basemap, width_px=560)
     st.html(legend_html(scale, title))
     point_summary(run, key, xref)
 
@@ -245,38 +235,35 @@ def shared_limits(runs: list[cache.RunData], kind: str, width_units: str):
     return robust_limits(values)
 
 
-def page() -> None:
-    ss = st.session_state
+def render(data: cache.LoadedData, runs: list) -> None:
+    """The Maps page of the active run (the sidebar's picker) and, side by side, an optional second run."""
     st.title("Maps")
-    runs = ss.get("ua_runs") or cache.list_runs()
     runs = cache.runs_with_grid(runs)
     if not runs:
         st.info("No run with a prediction grid yet: train one on the Train page.")
         return
-    opts = controls(runs)
+    v = controls(runs)
     by_id = {r.run_id: r for r in runs}
-    chosen = [by_id[ss.ua_run]] if ss.get("ua_run") in by_id else [runs[0]]
-    if ss.get("ua_run2") in by_id:
-        chosen.append(by_id[ss.ua_run2])
+    chosen = [by_id[v.run]] if v.run in by_id else [runs[0]]
+    if v.run not in by_id:
+        title = cache.run_titles(chosen)[runs[0].run_id]
+        st.caption(f"The active run has no prediction grid: showing {md_text(title)}.")
+    if v.run2 in by_id:
+        chosen.append(by_id[v.run2])
     loaded = [run_info(r) for r in chosen]
-    kind = ss.ua_map
-    limits = shared_limits([r for r, _ in loaded], kind, opts["width_units"]) if opts["shared"] else None
-    xref = ss.get("ua_xref")
+    limits = shared_limits([r for r, _ in loaded], v.map, v.width_units) if v.shared_scale else None
     if len(loaded) == 1:
         run, key = loaded[0]
         run_header(run)
         left, right = st.columns(2, gap="medium")
         with left:
-            main_map(run, key, kind, opts, limits, xref, width_px=560)
+            main_map(run, key, v, limits, data, width_px=560)
         with right:
-            kernel_panel(run, key, opts, xref)
+            kernel_panel(run, key, v)
     else:
         cols = st.columns(2, gap="medium")
         for (run, key), col in zip(loaded, cols, strict=True):
             with col:
                 run_header(run)
-                main_map(run, key, kind, opts, limits, xref, width_px=560)
-                kernel_panel(run, key, opts, xref)
-
-
-page()
+                main_map(run, key, v, limits, data, width_px=560)
+                kernel_panel(run, key, v)

@@ -12,7 +12,7 @@ import inspect
 import pandas as pd
 import streamlit as st
 
-from app import cache, jobs, widgets
+from app import cache, jobs, navigation, state, widgets
 from app.modelinfo import training_note
 from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
@@ -37,7 +37,6 @@ def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_
     from gpcore.runs import new_run_id, prepare
     from gpcore.store import RunStore
 
-    ss = st.session_state
     try:
         cfg = data.spec.run_config(
             model=model, settings=settings, split=split, block_km=block_km, seed=seed,
@@ -51,8 +50,7 @@ def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_
     except GPCoreError as exc:
         st.error(md_text(exc))
         return
-    ss.ua_job = jobs.start_training(cfg, run_dir, prepared=prepared, label=cfg.label)
-    ss.ua_job_seen = False
+    state.update(job=jobs.start_training(cfg, run_dir, prepared=prepared, label=cfg.label), job_seen=False)
 
 
 def history_chart(history: list[dict]) -> None:
@@ -66,8 +64,7 @@ def history_chart(history: list[dict]) -> None:
 @st.fragment(run_every=POLL_SECONDS)
 def progress_panel() -> None:
     """Redrawn every ``POLL_SECONDS`` while a job runs; a full rerun when it ends (sidebar, run list)."""
-    ss = st.session_state
-    job = ss.get("ua_job")
+    job = state.view().job
     if job is None:
         return
     hist = job.snapshot()
@@ -80,19 +77,18 @@ def progress_panel() -> None:
     if not job.done:
         st.button("Cancel", key="w_cancel", on_click=job.cancel, disabled=job.cancelled,
                   help="Stop after this epoch; the best model so far is kept and saved as a run.")
-    elif not ss.get("ua_job_seen"):
-        ss.ua_job_seen = True
+    elif not state.view().job_seen:
+        state.update(job_seen=True)
         st.rerun(scope="app")
 
 
 def finished_panel(job: jobs.TrainingJob) -> None:
-    ss = st.session_state
     if job.error is not None:
         st.error(f"Training failed: {md_text(job.error)}")
         return
-    if ss.get("ua_run") != job.run_id and not ss.get("ua_job_selected"):
-        ss.ua_run = job.run_id
-        ss.ua_job_selected = True
+    v = state.view()
+    if v.run != job.run_id and not v.job_selected:
+        state.update(run=job.run_id, job_selected=True)
         st.rerun()
     run = cache.get_run(job.run_id)
     verb = "was cancelled; the best model so far was saved" if job.cancelled else "finished"
@@ -110,19 +106,20 @@ def finished_panel(job: jobs.TrainingJob) -> None:
             st.info(f"Training: {decided}", icon=":material/info:")
     history_chart(job.snapshot())
     c1, c2 = st.columns(2)
-    c1.page_link("app_pages/maps.py", label="Open the maps", icon=":material/map:")
-    c2.page_link("app_pages/compare.py", label="Compare runs", icon=":material/leaderboard:")
+    with c1:
+        navigation.link("maps", label="Open the maps", icon=":material/map:")
+    with c2:
+        navigation.link("compare", label="Compare runs", icon=":material/leaderboard:")
 
 
-def page() -> None:
+def render(data: cache.LoadedData, runs: list) -> None:
+    """The Train page: a model on ``data``; the new run joins the store and becomes the active run."""
     from gpcore.models import model_spec
 
-    ss = st.session_state
     st.title("Train")
-    data: cache.LoadedData = ss.ua_data
     st.caption(f"Data set: {md_text(data.spec.label())} · {md_code(data.spec.y)} ({data.spec.transform}) · "
                f"{data.n:,} rows")
-    job = ss.get("ua_job")
+    job = state.view().job
     running = job is not None and not job.done
 
     model = model_picker()
@@ -154,8 +151,8 @@ def page() -> None:
     if st.button("Train", type="primary", disabled=running, key="w_train",
                  help="Disabled while a model trains (Cancel is below the progress bar)."):
         start(data, model, settings, split, block_km, seed, cell_km, label)
-        ss.ua_job_selected = False
-        if ss.get("ua_job") is not job:  # started: redraw at once so the button shows disabled
+        state.update(job_selected=False)
+        if state.view().job is not job:  # started: redraw at once so the button shows disabled
             st.rerun()
 
     if job is not None:
@@ -165,5 +162,3 @@ def page() -> None:
         else:
             finished_panel(job)
 
-
-page()

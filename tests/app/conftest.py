@@ -102,3 +102,17 @@ def click_grid(at, key: str, cell: int, lon: float = 0.0, lat: float = 0.0):
     w.id = maps[key]["_id"]
     w.json_value = json.dumps({"cell": int(cell), "lon": lon, "lat": lat, "t": time.time()})
     return at._run(states)
+
+
+def open_page(at, path: str):
+    """Switch to the page at URL path ``path`` (``"maps"``): the pages are ``render(data, runs)`` callables
+    registered by ``st.navigation`` (app/navigation.py), which ``AppTest.switch_page`` (file pages) cannot
+    name. Call ``run()`` once before (navigation registers the pages) and after (to draw the page)."""
+    from app.navigation import PAGES
+
+    default = PAGES[0][0]  # the default page is registered at the URL's root
+    hashes = [h for h, info in at._registered_pages.items()
+              if info.get("url_pathname") == path or (path == default and info.get("url_pathname") == "")]
+    assert hashes, f"no page at /{path}; pages: {[i.get('url_pathname') for i in at._registered_pages.values()]}"
+    at._page_hash = hashes[0]
+    return at

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT, tiny_config
+from tests.app.conftest import APP, TIMEOUT, open_page, tiny_config
 
 BLOCK_RUNS = {"20240101-000002-000-dbk-rbf-block": "dbk-rbf", "20240101-000003-000-dbk-silu-block": "dbk-silu"}
 
@@ -47,7 +47,7 @@ def overall_nll(store: Path, run_id: str) -> float:
 def compare_page(store_env) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.run()
-    at.switch_page("app_pages/compare.py").run()
+    open_page(at, "compare").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

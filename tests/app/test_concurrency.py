@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT, TINY
+from tests.app.conftest import APP, TIMEOUT, TINY, open_page
 
-PAGES = ["app_pages/data.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/export.py",
-         "app_pages/train.py", "app_pages/decide.py"]
+PAGES = ["data", "maps", "compare", "export",
+         "train", "decide"]
 
 
 def _rss_mb() -> float:
@@ -22,7 +22,7 @@ def _rss_mb() -> float:
 
 
 def test_four_sessions_train_and_browse_without_cross_talk(store):
-    from app import state
+    from app import uploads
     from gpcore.store import RunStore
 
     rss0 = _rss_mb()
@@ -37,7 +37,7 @@ def test_four_sessions_train_and_browse_without_cross_talk(store):
     rng = np.random.default_rng(1)
     rows = pd.DataFrame({"lon": rng.uniform(-66.9, -65.7, 80), "lat": rng.uniform(18.05, 18.45, 80),
                          "speed_c": rng.uniform(5, 50, 80)})
-    ref = state.save_upload("session_c.csv", rows.to_csv(index=False).encode())
+    ref = uploads.save_upload("session_c.csv", rows.to_csv(index=False).encode())
     c = sessions["C"]
     c.radio(key="w_src_kind").set_value("Upload a file").run()
     c.file_uploader(key="w_upload").upload("session_c.csv", rows.to_csv(index=False).encode(), "text/csv").run()
@@ -50,7 +50,7 @@ def test_four_sessions_train_and_browse_without_cross_talk(store):
     started = {}
     for name, seed in (("A", 11), ("B", 12)):
         at = sessions[name]
-        at.switch_page("app_pages/train.py").run()
+        open_page(at, "train").run()
         for key, value in (*TINY.items(), ("epochs", 6)):
             at.number_input(key=f"w_set_dbk-rbf_{key}").set_value(value)
         at.number_input(key="w_seed").set_value(seed)
@@ -66,7 +66,7 @@ def test_four_sessions_train_and_browse_without_cross_talk(store):
     rounds = 0
     while (not all(j.done for j in started.values()) or rounds < 2) and time.time() < deadline:
         for name, at in sessions.items():
-            at.switch_page(PAGES[rounds % len(PAGES)]).run()
+            open_page(at, PAGES[rounds % len(PAGES)]).run()
             assert not at.exception, (name, rounds, [e.value for e in at.exception])
         rounds += 1
     for name, job in started.items():

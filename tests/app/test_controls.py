@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.app.conftest import open_page
+
 RUNS = ("20240101-000001-000-dbk-silu", "20240101-000000-000-dbk-rbf")  # the test store's runs
 
 
@@ -27,7 +29,7 @@ def headers(at: AppTest) -> list[str]:
 
 def maps(app: AppTest) -> AppTest:
     app.run()
-    app.switch_page("app_pages/maps.py").run()
+    open_page(app, "maps").run()
     no_exceptions(app)
     return app
 
@@ -49,30 +51,38 @@ def test_map_control_shows_each_map_and_stays_there(app, store):
     assert app.segmented_control(key="w_map_kind").value == "data"
 
 
-@pytest.mark.parametrize("where", ["maps", "sidebar", "export"])
+@pytest.mark.parametrize("where", ["maps", "decide", "export"])
 def test_run_selectors_keep_the_chosen_run(app, store, where):
+    """The sidebar's run picker (the only one) drives Maps, Decide and Export, whichever page it is used on."""
     maps(app)
     first = headers(app)
-    older = next(r for r in RUNS if r != app.selectbox(key="w_maps_run").value)  # a run not shown now
-    if where == "export":
-        app.switch_page("app_pages/export.py").run()
-        app.selectbox(key="w_export_run").set_value(older).run()
-        no_exceptions(app)
-        assert app.selectbox(key="w_export_run").value == older
-        assert older in app.code[0].value or older in str(app.json[0].proto.body)
-        app.switch_page("app_pages/maps.py").run()
-    elif where == "sidebar":
-        app.sidebar.selectbox(key="w_sidebar_run").set_value(older).run()
-    else:
-        app.selectbox(key="w_maps_run").set_value(older).run()
+    older = next(r for r in RUNS if r != app.sidebar.selectbox(key="w_sidebar_run").value)  # a run not shown now
+    if where != "maps":
+        open_page(app, where).run()
+    app.sidebar.selectbox(key="w_sidebar_run").set_value(older).run()
     no_exceptions(app)
-    assert app.selectbox(key="w_maps_run").value == older
+    assert app.sidebar.selectbox(key="w_sidebar_run").value == older
+    if where == "export":
+        assert older in app.code[0].value or older in str(app.json[0].proto.body)
+    if where == "decide":
+        assert any(f"model `{older.split('-', 3)[-1]}`" in c.value for c in app.caption), "Decide shows the run"
+    if where != "maps":
+        open_page(app, "maps").run()
+    no_exceptions(app)
     assert app.sidebar.selectbox(key="w_sidebar_run").value == older
     app.selectbox(key="w_scale").set_value("magma").run()  # a later rerun keeps it
-    assert app.selectbox(key="w_maps_run").value == older
     assert app.sidebar.selectbox(key="w_sidebar_run").value == older
     assert headers(app) != first, "the map header names the chosen run"
     assert app.query_params["run"] in (older, [older])
+
+
+def test_one_run_picker(app, store):
+    """Maps, Decide and Export draw no run selector of their own: the sidebar's is the one."""
+    maps(app)
+    for page in ("maps", "decide", "export"):
+        open_page(app, page).run()
+        no_exceptions(app)
+        assert [s.label for s in app.selectbox if s.label in ("Run", "Active run")] == ["Active run"], page
 
 
 def test_second_run_side_by_side_keeps_its_pick(app, store):
@@ -81,7 +91,7 @@ def test_second_run_side_by_side_keeps_its_pick(app, store):
     no_exceptions(app)
     from gpcore.store import RunStore
 
-    taken = {app.selectbox(key="w_maps_run").value, app.selectbox(key="w_maps_run2").value}
+    taken = {app.sidebar.selectbox(key="w_sidebar_run").value, app.selectbox(key="w_maps_run2").value}
     pick = next(r.run_id for r in RunStore().list() if r.run_id not in taken)
     app.selectbox(key="w_maps_run2").set_value(pick).run()
     app.selectbox(key="w_scale").set_value("magma").run()
@@ -95,7 +105,7 @@ def test_train_page_renders_every_registered_model(app, store):
     from gpcore.models import available_models
 
     app.run()
-    app.switch_page("app_pages/train.py").run()
+    open_page(app, "train").run()
     no_exceptions(app)
     for name in available_models():
         app.selectbox(key="w_model").set_value(name).run()

@@ -13,10 +13,10 @@ import zipfile
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT
+from tests.app.conftest import APP, TIMEOUT, open_page
 
-PAGES = ["app_pages/data.py", "app_pages/train.py", "app_pages/maps.py", "app_pages/decide.py",
-         "app_pages/compare.py", "app_pages/export.py"]
+PAGES = ["data", "train", "maps", "decide",
+         "compare", "export"]
 
 
 def _edit(path, fn):
@@ -76,7 +76,7 @@ def _render_all(at: AppTest, where: str) -> int:
     at.run()
     assert not at.exception, (where, [e.value for e in at.exception])
     for page in PAGES:
-        at.switch_page(page).run()
+        open_page(at, page).run()
         assert not at.exception, (where, page, [e.value for e in at.exception])
         pages += 1
     return pages
@@ -110,7 +110,7 @@ def test_compare_leaves_out_a_damaged_run_and_compares_the_rest(crafted):
     bad = next(r.run_id for r in RunStore().list() if r.run_id.endswith("dmg-metrics-garbage"))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.run()
-    at.switch_page("app_pages/compare.py").run()
+    open_page(at, "compare").run()
     at.multiselect(key="w_cmp_runs").set_value([bad, "20240101-000000-000-dbk-rbf", "20240101-000001-000-dbk-silu"])
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -125,7 +125,7 @@ def test_a_damaged_run_says_what_is_wrong(crafted):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params["run"] = run_id
     at.run()
-    at.switch_page("app_pages/maps.py").run()
+    open_page(at, "maps").run()
     assert not at.exception
     shown = " ".join(e.value for e in at.error) + " ".join(w.value for w in at.warning)
     assert run_id in shown and "grid.parquet" in shown, shown

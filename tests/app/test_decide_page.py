@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
-from tests.app.conftest import click_grid, gridmaps
+from tests.app.conftest import click_grid, gridmaps, open_page
 
 RUN = "20240101-000000-000-dbk-rbf"
 
@@ -17,7 +17,7 @@ RUN = "20240101-000000-000-dbk-rbf"
 def open_decide(app):
     app.query_params["run"] = RUN
     app.run()
-    app.switch_page("app_pages/decide.py").run()
+    open_page(app, "decide").run()
     assert not app.exception, [e.value for e in app.exception]
     return app
 
@@ -134,7 +134,7 @@ def test_maps_draws_p_below_at_the_decide_threshold(app, store):
     open_decide(app)
     app.number_input(key="w_decide_threshold").set_value(12.0).run()
     assert app.session_state["ua_threshold"] == 12.0
-    app.switch_page("app_pages/maps.py").run()
+    open_page(app, "maps").run()
     app.segmented_control(key="w_map_kind").set_value("exceed").run()
     assert not app.exception, [e.value for e in app.exception]
     assert app.query_params["map"] == "exceed"
@@ -150,7 +150,7 @@ def test_maps_draws_p_below_at_the_decide_threshold(app, store):
     expected = R.data_url(R.palette_png(scale.index(p), raster, scale.name))
     assert gridmaps(app)[f"pick_{RUN}"]["image"] == expected
     # back on Decide the threshold is still 12
-    app.switch_page("app_pages/decide.py").run()
+    open_page(app, "decide").run()
     assert app.number_input(key="w_decide_threshold").value == 12.0
 
 
@@ -166,7 +166,7 @@ def test_a_run_without_a_joint_posterior_keeps_the_page_and_says_why(app, store)
     execute_run(cfg, store / run_id)
     app.query_params["run"] = run_id
     app.run()
-    app.switch_page("app_pages/decide.py").run()
+    open_page(app, "decide").run()
     assert not app.exception, [e.value for e in app.exception]
     assert app.session_state["ua_run"] == run_id
     maps = gridmaps(app)

@@ -12,7 +12,7 @@ import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 from app.safe_html import html_text, md_code, md_text
-from tests.app.conftest import APP, TIMEOUT
+from tests.app.conftest import APP, TIMEOUT, open_page
 
 XSS = "<img src=x onerror=alert(1)>"
 MD_LINK = "![t](http://evil.example/x.png)"
@@ -82,9 +82,9 @@ def test_hostile_column_file_and_stratum_names_are_escaped_everywhere(app, store
     decks = app.get("deck_gl_json_chart")
     assert decks and any("&lt;img" in d.proto.tooltip for d in decks), "the column name is shown, escaped"
     assert any("&lt;img" in h.proto.body for h in app.get("html")), "the legend shows it, escaped"
-    for page in ("app_pages/train.py", "app_pages/maps.py", "app_pages/decide.py", "app_pages/compare.py",
-                 "app_pages/export.py"):
-        app.switch_page(page).run()
+    for page in ("train", "maps", "decide", "compare",
+                 "export"):
+        open_page(app, page).run()
         _assert_clean(app, page)
 
 
@@ -103,11 +103,11 @@ def test_hostile_run_labels_and_strata_are_escaped(app, store):
     at.query_params["run"] = bad.name
     at.run()
     _assert_clean(at, "sidebar")
-    for page in ("app_pages/maps.py", "app_pages/decide.py", "app_pages/compare.py", "app_pages/export.py"):
-        at.switch_page(page).run()
+    for page in ("maps", "decide", "compare", "export"):
+        open_page(at, page).run()
         _assert_clean(at, page)
-    at.switch_page("app_pages/maps.py").run()
+    open_page(at, "maps").run()
     assert any("\\<img" in m.value for m in at.markdown), "the run's label is shown as text"
-    at.switch_page("app_pages/compare.py").run()
+    open_page(at, "compare").run()
     names = [t.get("name") for c in at.get("plotly_chart") for t in json.loads(c.proto.spec)["data"]]
     assert html_text(XSS) in names, names

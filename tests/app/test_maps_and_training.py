@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest  # noqa: F401
 
-from tests.app.conftest import click_grid, gridmaps
+from tests.app.conftest import click_grid, gridmaps, open_page
 
 RUN = "20240101-000000-000-dbk-rbf"
 
@@ -20,7 +20,7 @@ def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
 
     app.query_params["run"] = RUN
     app.run()
-    app.switch_page("app_pages/maps.py").run()
+    open_page(app, "maps").run()
     assert not app.exception
     assert app.session_state["ua_run"] == RUN
     assert any("Click a grid cell" in i.value for i in app.info)
@@ -83,7 +83,7 @@ def test_a_short_training_run_completes_and_lands_in_the_store(app, store):
 
     before = {r.run_id for r in RunStore().list()}
     app.run()
-    app.switch_page("app_pages/train.py").run()
+    open_page(app, "train").run()
     assert not app.exception
     assert app.selectbox(key="w_model").value == "dbk-rbf"
     for name, value in (("epochs", 3), ("rank", 8), ("hidden", 8), ("batch_size", 2048)):
@@ -143,7 +143,7 @@ def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app,
     from gpcore.store import RunStore
 
     app.run()
-    app.switch_page("app_pages/train.py").run()
+    open_page(app, "train").run()
     app.selectbox(key="w_model").select("dbk-nn").run()
     assert not app.exception, [e.value for e in app.exception]
     for name, value in (("dbk_epochs", 2), ("epochs", 2), ("dbk_rank", 8), ("neighbors", 8), ("dbk_hidden", 8),

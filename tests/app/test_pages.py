@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT, gridmaps
+from tests.app.conftest import APP, TIMEOUT, gridmaps, open_page
 
-PAGES = ["app_pages/train.py", "app_pages/maps.py", "app_pages/compare.py", "app_pages/decide.py",
-         "app_pages/export.py"]
+PAGES = ["train", "maps", "compare", "decide",
+         "export"]
 
 
 def no_exceptions(at: AppTest) -> None:
@@ -36,7 +36,7 @@ def test_every_page_renders_on_the_sample(app, store):
     assert "CPU" in sidebar_text(app) or "GPU" in sidebar_text(app)
     assert f"{n_runs()} in the store, {n_runs()} on this data set" in sidebar_text(app)
     for page in PAGES:
-        app.switch_page(page).run()
+        open_page(app, page).run()
         no_exceptions(app)
         assert not app.error, (page, [e.value for e in app.error])
     assert app.title[0].value == "Export"
@@ -55,11 +55,11 @@ def test_fresh_install_shows_a_ready_comparison(empty_store):
     no_exceptions(at)
     n = len(bundled)
     assert f"{n} in the store, {n} on this data set" in sidebar_text(at), "the ready runs are on the default data"
-    at.switch_page("app_pages/maps.py").run()
+    open_page(at, "maps").run()
     no_exceptions(at)
     assert len(gridmaps(at)) == 2, "the Maps page shows the mean map and a kernel slice"
     assert "Posterior mean at x_ref" in {m.label for m in at.metric}
-    at.switch_page("app_pages/compare.py").run()
+    open_page(at, "compare").run()
     no_exceptions(at)
     ranking = at.dataframe[0].value
     assert {"dbk-rbf", "svgp", "ppgp"} <= set(ranking["model"]), ranking
@@ -107,7 +107,7 @@ def test_query_parameters_restore_the_view(app, store):
          "run": "20240101-000001-000-dbk-silu", "map": "width", "xref": xref}
     )
     app.run()
-    app.switch_page("app_pages/maps.py").run()
+    open_page(app, "maps").run()
     no_exceptions(app)
     ss = app.session_state
     assert ss["ua_run"] == "20240101-000001-000-dbk-silu"
@@ -129,7 +129,7 @@ def test_a_bad_url_falls_back_to_the_sample(app, store):
 
 def test_compare_draws_violins_for_two_runs(app, store):
     app.run()
-    app.switch_page("app_pages/compare.py").run()
+    open_page(app, "compare").run()
     no_exceptions(app)
     charts = {c.proto.id: json.loads(c.proto.spec) for c in app.get("plotly_chart")}
     violins = [json.loads(c.proto.spec) for c in app.get("plotly_chart") if '"violin"' in c.proto.spec]
@@ -153,7 +153,7 @@ def test_compare_draws_violins_for_two_runs(app, store):
 
 def test_export_page_offers_every_download(app, store):
     app.run()
-    app.switch_page("app_pages/export.py").run()
+    open_page(app, "export").run()
     no_exceptions(app)
     labels = {b.proto.label for b in app.get("download_button")}
     assert {"GeoTIFF", "GeoJSON", "CSV", "Run manifest (run.json)"} <= labels

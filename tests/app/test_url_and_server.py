@@ -67,7 +67,7 @@ def test_the_url_policy_accepts_what_links_may_name():
 
 
 def test_an_uploaded_polygon_layer_in_the_url_still_works(store, secret_polygons):
-    from app.state import save_upload
+    from app.uploads import save_upload
 
     ref = save_upload("zones.geojson", secret_polygons.read_bytes())
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
@@ -160,13 +160,13 @@ def test_the_upload_cache_is_capped(store):
     import os
     import time
 
-    from app import state
+    from app import uploads
 
-    refs = [state.save_upload(f"f{i}.csv", os.urandom(400_000)) for i in range(5)]
+    refs = [uploads.save_upload(f"f{i}.csv", os.urandom(400_000)) for i in range(5)]
     for i, ref in enumerate(refs):  # oldest first
-        folder = state.resolve_upload(ref).parent
+        folder = uploads.resolve_upload(ref).parent
         os.utime(folder, (time.time() - 100 + i, time.time() - 100 + i))
-    removed = state.prune_uploads(cap_mb=1.0)
+    removed = uploads.prune_uploads(cap_mb=1.0)
     assert len(removed) == 3
-    kept = [r for r in refs if (state.uploads_dir() / r.split(":")[1].split("/")[0]).is_dir()]
+    kept = [r for r in refs if (uploads.uploads_dir() / r.split(":")[1].split("/")[0]).is_dir()]
     assert kept == refs[-2:], "the least recently used go first"

@@ -31,6 +31,7 @@ from tests.e2e.helpers import (
     set_number,
     settle,
     wait_grid_drawn,
+    widget,
     xref_text,
 )
 from tests.sample_files import NO_COORD_NAMES, housing_with_text
@@ -93,16 +94,19 @@ def test_maps_controls_change_what_is_shown(server, page):
     choose(page, "Colour scale", "magma")
     eventually(lambda: legend_gradients(page)[0] != before, what="the legend recoloured")
 
-    # the run selectors: Maps -> Run, the sidebar's Active run; each sticks and the other follows
+    # the one run picker, the sidebar's Active run: the map follows it and the pick stays
+    sidebar = page.get_by_test_id("stSidebar")
+    assert widget(page, "stSelectbox", "Run").count() == 0, "Maps has no run selector of its own"
     first = run_headers(page)[0]
-    choose(page, "Run", re.compile(r"^svgp "))
+    choose(page, "Active run", re.compile(r"^svgp "), sidebar)
     eventually(lambda: run_headers(page)[0].startswith("svgp"), what="the svgp run's map")
     assert run_headers(page)[0] != first
-    assert chosen(page, "Active run", page.get_by_test_id("stSidebar")).startswith("svgp")
-    choose(page, "Active run", re.compile(r"^ppgp"), page.get_by_test_id("stSidebar"))
+    assert chosen(page, "Active run", sidebar).startswith("svgp")
+    choose(page, "Active run", re.compile(r"^ppgp"), sidebar)
     eventually(lambda: run_headers(page)[0].startswith("ppgp"), what="the ppgp run's map")
     time.sleep(1.0)
-    assert chosen(page, "Run").startswith("ppgp"), "Maps -> Run follows the sidebar and stays"
+    assert chosen(page, "Active run", sidebar).startswith("ppgp"), "the sidebar's pick stays"
+    assert run_headers(page)[0].startswith("ppgp"), "the map follows the sidebar and stays"
 
     # side by side: a second run's map beside the first, then back to one
     page.get_by_text("Second run side by side", exact=True).click()
@@ -123,13 +127,13 @@ def test_maps_controls_change_what_is_shown(server, page):
     assert xref_text(page) == line, "x_ref survives the mode change"
     screenshot(page, "maps-xref.png")
 
-    # Export -> Run: the reproduce command is the chosen run's
+    # Export: the reproduce command is that of the run chosen in the sidebar
     nav(page, "Export")
-    choose(page, "Run", re.compile(r"^dbk-rbf"))
+    choose(page, "Active run", re.compile(r"^dbk-rbf"), sidebar)
     eventually(lambda: page.get_by_text("--model dbk-rbf").count() >= 1, what="dbk-rbf's command")
-    choose(page, "Run", re.compile(r"^svgp"))
+    choose(page, "Active run", re.compile(r"^svgp"), sidebar)
     eventually(lambda: page.get_by_text("--model svgp").count() >= 1, what="svgp's command")
-    assert chosen(page, "Run").startswith("svgp")
+    assert chosen(page, "Active run", sidebar).startswith("svgp")
     no_exception(page)
 
 
