@@ -10,12 +10,9 @@ import pytest
 import torch
 
 from gpcore import make_model
-from gpcore.models.cagp import (
-    CAGP_KERNELS,
+from gpcore.models.cagp_autograd import CAGP_KERNELS, CaGPKernel, _KernelActions, _SymBlockKernelActions
+from gpcore.models.cagp_linalg import (
     BlockActions,
-    CaGPKernel,
-    _KernelActions,
-    _SymBlockKernelActions,
     block_layout,
     block_sizes,
     cg_actions,

@@ -11,7 +11,7 @@ import torch
 from gpcore import make_model
 from gpcore.models.kernels import stationary
 from gpcore.models.linalg import inv_softplus
-from gpcore.models.softki import (
+from gpcore.models.softki_linalg import (
     batch_solve,
     exact_batch_logp,
     make_probes,

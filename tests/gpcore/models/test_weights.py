@@ -17,9 +17,9 @@ import torch
 from scipy.stats import multivariate_normal
 
 from gpcore import InputError, load_model, make_model
-from gpcore.models.cagp import CaGPPosterior, DenseActions, elbo_loss
+from gpcore.models.cagp_linalg import CaGPPosterior, DenseActions, elbo_loss
 from gpcore.models.linalg import inv_softplus
-from gpcore.models.softki import batch_solve, exact_batch_logp, softmax_weights
+from gpcore.models.softki_linalg import batch_solve, exact_batch_logp, softmax_weights
 
 SMALL = {
     "dbk-silu": dict(rank=8, hidden=8),
