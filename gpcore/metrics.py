@@ -1,4 +1,4 @@
-"""Evaluation metrics (ALGORITHMS.md 7): small pure functions of ``(mean, var_y, y)``.
+"""Evaluation metrics (docs/metrics.md §7): small pure functions of ``(mean, var_y, y)``.
 
 All take 1-D arrays of equal length, in the units the caller reports in (e.g. log10 Mbps);
 ``var_y`` is the predictive variance of an observation (latent variance + noise).

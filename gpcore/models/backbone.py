@@ -1,4 +1,4 @@
-"""The ResNet backbone ``g: R^d -> R^h`` shared by DBK and the deep-kernel models (ALGORITHMS.md 2.2).
+"""The ResNet backbone ``g: R^d -> R^h`` shared by DBK and the deep-kernel models (docs/methods/dbk.md §2.2).
 
 ``z0 = W_in x + b_in``; two pre-norm residual blocks ``z + W2 SiLU(W1 LN(z) + b1) + b2`` with
 inner width ``h`` and no dropout; output ``SiLU(LN(z))``.

@@ -21,10 +21,8 @@ Conventions
   training loop in :mod:`gpcore.models.training`) is shared.
 * ``__init__`` only stores validated settings; fitted state lives in attributes ending in ``_``.
 
-The pieces live beside this file: settings in ``config.py``, the registry in ``registry.py``, input checks
-in ``inputs.py``, the noise model in ``likelihood.py`` (per-observation weights: noise ``tau^2 + sigma^2 / w_i``,
-the rows' weights passed to every loss explicitly), variance recalibration in ``recalibration.py``,
-save / load in ``io.py``, the training loop in ``training.py``.
+Beside this file: ``config.py``, ``registry.py``, ``inputs.py``, ``likelihood.py`` (noise ``tau^2 + sigma^2 / w_i``;
+the rows' weights are passed to every loss), ``recalibration.py``, ``io.py`` (save / load), ``training.py``.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from gpcore.device import resolve_device, resolve_dtype
 from gpcore.errors import ConfigError, InputError
 from gpcore.models import recalibration, training
 from gpcore.models.config import BaseConfig
-from gpcore.models.inputs import as_1d_float, as_2d_float, as_groups, as_weights, check_scalers
+from gpcore.models.inputs import as_1d_float, as_2d_float, as_groups, check_scalers, training_inputs
 from gpcore.models.io import save_model
 from gpcore.models.likelihood import GaussianLikelihood
 
@@ -185,31 +183,8 @@ class GPModel:
         from the validation split only (:meth:`recalibrate`); ``groups`` are accepted for symmetry and
         not used by training.
         """
-        X = as_2d_float(X, "X")
-        y = as_1d_float(y, X.shape[0], "y")
-        w = None if weights is None else as_weights(weights, X.shape[0], "weights")
-        if w is not None and not self.supports_weights:
-            raise InputError(
-                f"{type(self).__name__} does not take per-observation weights yet; fit it without weights "
-                "(CLI: leave out --weight; Data page: Weight column '(none)') or choose another model"
-            )
-        if X.shape[0] < 2:
-            raise InputError(f"need at least 2 training points, got {X.shape[0]}")
-        has_val = X_val is not None or y_val is not None
-        if has_val:
-            if X_val is None or y_val is None:
-                raise InputError("pass both X_val and y_val, or neither")
-            X_val = as_2d_float(X_val, "X_val", d=X.shape[1])
-            y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
-            if X_val.shape[0] == 0:
-                has_val = False
-        if val_weights is not None and w is None:
-            raise InputError("val_weights were given without weights; pass weights for the training rows too")
-        wv = None
-        if has_val and w is not None:
-            if val_weights is None:
-                raise InputError("the model is fitted with weights: pass val_weights for the validation rows too")
-            wv = as_weights(val_weights, X_val.shape[0], "val_weights")
+        X, y, w, X_val, y_val, wv, has_val = training_inputs(
+            X, y, X_val, y_val, weights, val_weights, type(self).__name__ if not self.supports_weights else None)
         torch.manual_seed(self.config.seed)
         np.random.seed(self.config.seed)
         self.d_ = X.shape[1]
@@ -252,10 +227,8 @@ class GPModel:
     def recalibrate(self, X_val, y_val, *, val_weights=None, val_groups=None, kind: str | None = None) -> dict:
         """Fit the variance recalibration on validation rows only; stored in ``recal_`` (and saved).
 
-        ``kind`` (default the ``recalibrate`` setting): ``"global"`` one scale ``c``; ``"group"`` one
-        scale per stratum of ``val_groups`` (Mondrian split-conformal), strata with fewer than
-        ``recalibration.MIN_ROWS`` validation rows use the global one (:mod:`gpcore.models.recalibration`).
-        ``predict`` multiplies ``var_y`` by the scale (``var_f`` is the latent variance and is left as it is).
+        ``kind`` (default the ``recalibrate`` setting): ``"global"`` or ``"group"`` (per stratum of ``val_groups``);
+        see :mod:`gpcore.models.recalibration`. ``predict`` multiplies ``var_y`` by the scale, not ``var_f``.
         """
         kind = kind or self.config.recalibrate
         if kind not in ("global", "group"):
@@ -273,11 +246,7 @@ class GPModel:
         return state
 
     def variance_scale(self, m: int, groups=None) -> np.ndarray | float:
-        """The recalibration factor of ``var_y`` for ``m`` rows (1 without recalibration).
-
-        ``"group"``: each row's stratum scale; rows without ``groups``, or of a stratum that had too few
-        validation rows or was not in the validation split, get the global scale.
-        """
+        """The recalibration factor of ``var_y`` for ``m`` rows (:func:`recalibration.variance_scale`)."""
         return recalibration.variance_scale(getattr(self, "recal_", None), m, groups)
 
     @torch.no_grad()
@@ -313,21 +282,6 @@ class GPModel:
         """Nugget ``tau^2`` in standardised units (zero for an unweighted model)."""
         return self.likelihood.nugget
 
-    def _obs_noise_np(self, weights, m: int) -> np.ndarray | float:
-        """Noise variance of new observations in caller units (``weights=None``: one measurement)."""
-        s2 = float(self._noise_s()) * self.y_std_**2
-        if not self.weighted:
-            if weights is not None:
-                raise InputError(
-                    f"{type(self).__name__} was fitted without weights; predict(..., weights=...) needs a model "
-                    "fitted with weights"
-                )
-            return s2
-        tau2 = float(self._nugget_s()) * self.y_std_**2
-        if weights is None:
-            return tau2 + s2
-        return tau2 + s2 / as_weights(weights, m, "weights")
-
     # ---------------------------------------------------------------- prediction
     def _check_fitted(self) -> None:
         if self.module_ is None:
@@ -361,7 +315,7 @@ class GPModel:
         """
         self._check_fitted()
         X = as_2d_float(X, "X", d=self.d_)
-        noise = self._obs_noise_np(weights, X.shape[0])
+        noise = self.likelihood.observation_noise(weights, X.shape[0], self.y_std_**2, type(self).__name__)
         vscale = self.variance_scale(X.shape[0], groups)
         self.module_.eval()
         m = X.shape[0]

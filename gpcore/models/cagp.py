@@ -1,4 +1,4 @@
-"""CaGP — computation-aware Gaussian process (ALGORITHMS.md section 5, errata C1–C5).
+"""CaGP — computation-aware Gaussian process (docs/methods/cagp.md §5, errata C1–C5).
 
 CaGP conditions the GP prior ``GP(mu0, k)`` on ``i << n`` linear projections ``S^T y`` of the data
 ("actions", the columns of ``S in R^{n x i}``). With ``Kh = K_XX + sigma2 I`` and
@@ -185,7 +185,7 @@ class CaGPModule(SoftplusHyperparameters, nn.Module):
 
 @register("cagp", description="Computation-aware GP (CaGP-Opt: learned block-sparse actions, ELBO)")
 class CaGP(GPModel):
-    """Computation-aware GP (ALGORITHMS.md 5): CaGP-Opt (default) or CaGP-CG, trained on the CaGP ELBO / n.
+    """Computation-aware GP (docs/methods/cagp.md §5): CaGP-Opt (default) or CaGP-CG, trained on the CaGP ELBO / n.
 
     Defaults, scaled from the paper (5.6) to a 2-core CPU and n ~ 20,000 spatial points:
 

@@ -1,4 +1,4 @@
-"""DBK — deep basis kernel GP (ALGORITHMS.md section 2).
+"""DBK — deep basis kernel GP (docs/methods/dbk.md §2).
 
 ``k(x, x') = phi(x)^T phi(x')`` with ``phi = expansion(backbone(x))`` in ``R^r``:
 
@@ -167,7 +167,7 @@ def mml_from_weighted_stats(A, c_raw, s1, yy, sy, s0, logdet, n: int, mu0):
 
 @register("dbk", description="Deep basis kernel GP (DBK-SiLU / DBK-RBF; dPPGP or exact MML)")
 class DBK(GPModel):
-    """Deep basis kernel GP (ALGORITHMS.md 2)."""
+    """Deep basis kernel GP (docs/methods/dbk.md §2)."""
 
     Config = DBKConfig
     #: exact MML trains distributed: two_pass_step all-reduces its r x r statistics (gpcore.distributed)
@@ -239,7 +239,7 @@ class DBK(GPModel):
 
     def two_pass_step(self, Xs: torch.Tensor, ys: torch.Tensor, chunk: int,
                       ws: torch.Tensor | None = None) -> torch.Tensor:
-        """Exact MML gradient in two chunked passes (ALGORITHMS.md 2.3); memory O(chunk r + r^2).
+        """Exact MML gradient in two chunked passes (docs/methods/dbk.md §2.3); memory O(chunk r + r^2).
 
         Pass 1 accumulates ``A = Phi^T Phi``, ``Phi^T y``, ``Phi^T 1`` without a graph and
         back-propagates ``-log p / n`` through the r x r statistics; pass 2 recomputes each

@@ -1,4 +1,4 @@
-"""Exact GP by dense Cholesky (ALGORITHMS.md 1.2) — the oracle every other model is tested against.
+"""Exact GP by dense Cholesky (docs/methods/common.md §1.2) — the oracle every other model is tested against.
 
 Kernel ``outputscale * rho(||(x - x') / ell||)`` with ``rho`` RBF or Matérn-1/2, 3/2, 5/2, ARD or
 shared lengthscale, constant mean, Gaussian noise; all learned by maximising the exact log

@@ -91,3 +91,37 @@ def check_scalers(x_lo, x_span, y_mean, y_std, what: str) -> None:
             f"{what}: the target's mean or standard deviation is not finite (values near the float limit, e.g. "
             "1e308, overflow); rescale the target column (divide it by a power of ten) or use a log transform"
         )
+
+
+def training_inputs(X, y, X_val, y_val, weights, val_weights, refuses_weights: str | None = None):
+    """Validate what ``fit`` is given: ``(X, y, w, X_val, y_val, wv, has_val)`` as float64 arrays.
+
+    ``refuses_weights``: the name of a model that takes no weights (passing them is an error). A validation
+    set with no rows counts as none; with weights, the validation rows need theirs too.
+    """
+    X = as_2d_float(X, "X")
+    y = as_1d_float(y, X.shape[0], "y")
+    w = None if weights is None else as_weights(weights, X.shape[0], "weights")
+    if w is not None and refuses_weights:
+        raise InputError(
+            f"{refuses_weights} does not take per-observation weights yet; fit it without weights "
+            "(CLI: leave out --weight; Data page: Weight column '(none)') or choose another model"
+        )
+    if X.shape[0] < 2:
+        raise InputError(f"need at least 2 training points, got {X.shape[0]}")
+    has_val = X_val is not None or y_val is not None
+    if has_val:
+        if X_val is None or y_val is None:
+            raise InputError("pass both X_val and y_val, or neither")
+        X_val = as_2d_float(X_val, "X_val", d=X.shape[1])
+        y_val = as_1d_float(y_val, X_val.shape[0], "y_val")
+        if X_val.shape[0] == 0:
+            has_val = False
+    if val_weights is not None and w is None:
+        raise InputError("val_weights were given without weights; pass weights for the training rows too")
+    wv = None
+    if has_val and w is not None:
+        if val_weights is None:
+            raise InputError("the model is fitted with weights: pass val_weights for the validation rows too")
+        wv = as_weights(val_weights, X_val.shape[0], "val_weights")
+    return X, y, w, X_val, y_val, wv, has_val

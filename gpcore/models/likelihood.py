@@ -15,9 +15,12 @@ finalize receives the weights of the rows it is given (``_loss(xb, yb, n, wb)``)
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
+from gpcore.errors import InputError
+from gpcore.models.inputs import as_weights
 from gpcore.models.linalg import inv_softplus
 
 #: initial nugget tau^2 of a weighted fit, as a fraction of the initial noise variance sigma^2
@@ -77,3 +80,18 @@ class GaussianLikelihood:
         p = next(iter(self.module.parameters()))
         self.module.raw_nugget = nn.Parameter(torch.tensor(inv_softplus(self.initial_nugget()), dtype=dtype,
                                                            device=p.device))
+
+    def observation_noise(self, weights, m: int, scale2: float, owner: str) -> np.ndarray | float:
+        """Noise variance of ``m`` new observations in caller units (``scale2``: the target variance the model
+        standardised by; ``weights=None``: one measurement each). ``owner`` names the model in errors."""
+        s2 = float(self.noise) * scale2
+        if not self.weighted:
+            if weights is not None:
+                raise InputError(
+                    f"{owner} was fitted without weights; predict(..., weights=...) needs a model fitted with weights"
+                )
+            return s2
+        tau2 = float(self.nugget) * scale2
+        if weights is None:
+            return tau2 + s2
+        return tau2 + s2 / as_weights(weights, m, "weights")

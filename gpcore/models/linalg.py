@@ -1,4 +1,4 @@
-"""Small numerical building blocks shared by the models (ALGORITHMS.md 1.3, 1.5).
+"""Small numerical building blocks shared by the models (docs/methods/common.md §1.3, §1.5).
 
 Every ``A^{-1} v`` is a Cholesky or triangular solve; log-determinants come from
 Cholesky diagonals; Gram matrices are factorised with a jitter-retry loop.
@@ -17,7 +17,7 @@ def psd_safe_cholesky(A: torch.Tensor, jitters=(0.0, 1e-6, 1e-5, 1e-4, 1e-3), up
     """Lower Cholesky factor of a (numerically) PSD matrix ``A`` (``... x r x r``).
 
     Retries with a growing jitter ``eps * mean(diag(A)) * I`` (the ``psd_safe_cholesky``
-    pattern of ALGORITHMS.md 1.5). With ``upcast=True`` the factorisation runs in float64
+    pattern of docs/methods/common.md §1.5). With ``upcast=True`` the factorisation runs in float64
     and the factor is cast back to ``A.dtype``.
     """
     orig_dtype = A.dtype
@@ -38,7 +38,7 @@ def psd_safe_cholesky(A: torch.Tensor, jitters=(0.0, 1e-6, 1e-5, 1e-4, 1e-3), up
 
 
 def tril_factor(raw_offdiag: torch.Tensor, log_diag: torch.Tensor) -> torch.Tensor:
-    """``L = tril(A, -1) + diag(exp(rho))`` (ALGORITHMS.md 2.2): always a valid Cholesky factor."""
+    """``L = tril(A, -1) + diag(exp(rho))`` (docs/methods/dbk.md §2.2): always a valid Cholesky factor."""
     return torch.tril(raw_offdiag, diagonal=-1) + torch.diag_embed(torch.exp(log_diag))
 
 
@@ -117,7 +117,7 @@ def kl_std_normal(m: torch.Tensor, L: torch.Tensor, log_diag: torch.Tensor | Non
 
 
 def kl_gauss_chol(m: torch.Tensor, L: torch.Tensor, L0: torch.Tensor) -> torch.Tensor:
-    """``KL(N(m, L L^T) || N(0, L0 L0^T))`` with lower factors ``L`` and ``L0`` (ALGORITHMS.md 6.3)."""
+    """``KL(N(m, L L^T) || N(0, L0 L0^T))`` with lower factors ``L`` and ``L0`` (docs/methods/solvegp.md §6.3)."""
     dim = m.shape[-1]
     A = torch.linalg.solve_triangular(L0, L, upper=False)
     b = torch.linalg.solve_triangular(L0, m.unsqueeze(-1), upper=False).squeeze(-1)

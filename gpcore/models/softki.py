@@ -1,4 +1,4 @@
-"""SoftKI — soft kernel interpolation (ALGORITHMS.md section 4, errata S1–S8).
+"""SoftKI — soft kernel interpolation (docs/methods/softki.md §4, errata S1–S8).
 
 A degenerate (rank <= m) GP whose kernel interpolates a base kernel between ``m`` learned
 interpolation points ``Z`` with softmax weights::
@@ -178,7 +178,7 @@ class SoftKIModule(SoftplusHyperparameters, nn.Module):
 
 @register("softki", description="Soft kernel interpolation GP (softmax-interpolated kernel, Hutchinson training)")
 class SoftKI(GPModel):
-    """SoftKI: softmax interpolation from m learned points (ALGORITHMS.md 4, errata S1–S8).
+    """SoftKI: softmax interpolation from m learned points (docs/methods/softki.md §4, errata S1–S8).
 
     Defaults (gpcore, scaled to a 2-core CPU) vs the paper (4.6):
 

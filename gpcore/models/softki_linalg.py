@@ -123,7 +123,7 @@ def pseudo_logp(
     probes: torch.Tensor,
     solver: str = "woodbury",
 ) -> torch.Tensor:
-    """Hutchinson pseudo log-likelihood of a batch (ALGORITHMS.md 4.2 with S1–S3).
+    """Hutchinson pseudo log-likelihood of a batch (docs/methods/softki.md §4.2 with S1–S3).
 
     ``0.5 b0^T Sig b0 - 1/(2L) sum_j b_j^T Sig a_j`` with ``Sig [b0, b_1..b_L] = [y, a_1..a_L]``
     solved without gradient, so that ``grad pseudo_logp ≈ grad log N(y; 0, Sig)`` (same sign).

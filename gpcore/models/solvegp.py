@@ -1,4 +1,4 @@
-"""SOLVE-GP — sparse orthogonal variational inference for GPs (ALGORITHMS.md section 6).
+"""SOLVE-GP — sparse orthogonal variational inference for GPs (docs/methods/solvegp.md §6).
 
 The prior ``f ~ GP(mu0, k)`` is split into two independent GPs (6.1): the part spanned by the
 standard inducing points ``Z`` (``M`` of them, ``u = f(Z)``) and the orthogonal residual
@@ -155,7 +155,7 @@ class SolveGPModule(SoftplusHyperparameters, nn.Module):
 
 @register("solvegp", description="SOLVE-GP: SVGP plus orthogonal inducing points (Shi, Titsias, Mnih)")
 class SolveGP(SolveGPBounds, GPModel):
-    """SOLVE-GP regression (ALGORITHMS.md section 6).
+    """SOLVE-GP regression (docs/methods/solvegp.md §6).
 
     Defaults and the paper settings they scale
     ------------------------------------------

@@ -1,4 +1,4 @@
-"""Sparse-variational GPs with whitened inducing points: SVGP, PPGP, SV-DKL, PP-DKL (ALGORITHMS.md 3).
+"""Sparse-variational GPs with whitened inducing points: SVGP, PPGP, SV-DKL, PP-DKL (docs/methods/svgp.md §3).
 
 The basis is ``phi(x) = L_Z^{-1} kt_Z(a(x))`` with ``K_ZZ = L_Z L_Z^T`` (lower Cholesky, 1.3) and
 
@@ -184,7 +184,7 @@ class SVGPModule(SoftplusHyperparameters, nn.Module):
 @register("svgp", description="Sparse variational GP (whitened inducing points; ELBO; RBF or deep kernel)",
           objective="elbo", kernel="rbf")
 class SVGP(GPModel):
-    """Whitened sparse-variational GP regression: SVGP / PPGP / SV-DKL / PP-DKL (ALGORITHMS.md 3).
+    """Whitened sparse-variational GP regression: SVGP / PPGP / SV-DKL / PP-DKL (docs/methods/svgp.md §3).
 
     See :class:`SVGPConfig` for the paper settings and the CPU-scaled defaults.
     """
@@ -222,7 +222,7 @@ class SVGP(GPModel):
 
     # ------------------------------------------------------------------ per-batch quantities
     def terms(self, xb: torch.Tensor, Lz: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Shared quantities of ALGORITHMS.md 3 at scaled inputs ``xb`` (``b x d``), all ``(b,)``.
+        """Shared quantities of docs/methods/svgp.md §3 at scaled inputs ``xb`` (``b x d``), all ``(b,)``.
 
         ``mean = mu0 + m^T phi``, ``s2f = ||L^T phi||^2`` (uncorrected), ``corr = kt(a, a) - ||phi||^2``,
         ``s2f_corr = s2f + corr``; plus ``phi`` (``b x r``). Working dtype.
