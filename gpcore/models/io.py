@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,9 +19,6 @@ from torch import nn
 from gpcore.errors import InputError
 from gpcore.models.inputs import check_scalers
 from gpcore.models.registry import model_spec
-
-if TYPE_CHECKING:
-    from gpcore.models.base import GPModel
 
 FORMAT_VERSION = 1
 
@@ -58,7 +54,7 @@ def save_model(model, path) -> Path:
     return path
 
 
-def load_model(path, device: str | None = None) -> GPModel:
+def load_model(path, device: str | None = None):
     """Load a model saved by :meth:`GPModel.save`. Reads JSON and safetensors only (no pickle).
 
     ``model.json`` is validated (types, ``d`` against ``x_lo``/``x_span``, finite scalers) before any

@@ -8,12 +8,8 @@ the package is imported.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpcore.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gpcore.models.base import GPModel
 
 
 @dataclass(frozen=True)
@@ -56,8 +52,9 @@ def model_spec(name: str) -> ModelSpec:
         raise ConfigError(f"unknown model {name!r}; available: {', '.join(sorted(_REGISTRY))}") from None
 
 
-def make_model(name: str, **settings) -> GPModel:
-    """Create an unfitted model by registry name; settings override the preset of that name."""
+def make_model(name: str, **settings):
+    """Create an unfitted model (a :class:`~gpcore.models.base.GPModel`) by registry name; settings override the
+    preset of that name."""
     spec = model_spec(name)
     model = spec.cls(**{**spec.preset, **settings})
     model.registry_name = name

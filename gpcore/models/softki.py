@@ -241,7 +241,7 @@ class SoftKI(GPModel):
         """Streaming QR fit on scaled data with the current parameters (``ws``: the rows' weights): ``(alpha, R)``,
         float64.
 
-        When the data is this rank's shard of a distributed fit (:func:`gpcore.sharded.fit_sharded`),
+        When the data is this rank's shard of a distributed fit (:func:`gpcore.run.sharded.fit_sharded`),
         each rank folds its own rows (rank 0 also the prior block) and the partial ``(m+1) x (m+1)``
         factors are all-gathered and merged by one more QR (TSQR), so every rank gets the full-data fit.
         """

@@ -146,7 +146,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     )
     torch.set_num_threads(1)
     from gpcore import distributed as D
-    from gpcore import sharded as S
+    from gpcore.run import sharded as S
 
     ctx = D.init_distributed()
     X, y, Xv, yv = _data()
@@ -280,7 +280,7 @@ def test_sharded_minibatch_training_agrees_across_ranks(runs):
 
 
 def test_batch_max_and_reduce_are_plain_outside_a_session():
-    from gpcore import distributed as D
+    from gpcore import comm as D
 
     t = torch.tensor([1.0, 3.0, 2.0], requires_grad=True)
     m = D.batch_max(t)
