@@ -51,7 +51,7 @@ is the weighted average of the ``W`` shard gradients -- single-process SoftKI wi
 ``b / W`` and gradient accumulation over ``W`` batches. Models that need all the data per step and
 have no statistics to reduce (exact GP, CaGP) refuse to train distributed.
 
-Data that does not fit one process: :func:`gpcore.sharded.fit_sharded` trains on per-rank shards (each rank
+Data that does not fit one process: :func:`gpcore.run.sharded.fit_sharded` trains on per-rank shards (each rank
 passes only its own rows, e.g. read lazily with :mod:`gpcore.data.parquet_stream`), with global
 input/target scalers from all-reduced moments. Full-batch statistics are then exact; mini-batches
 are drawn per rank (a rank-seeded permutation of its rows cut into ``ceil(n / batch_size)``
@@ -95,7 +95,7 @@ class DistContext:
     device : the device this process trains on (``cuda:LOCAL_RANK`` with NCCL, else CPU).
     group : process group used by the model-level reductions (:func:`gpcore.comm.batch_max`,
         :func:`gpcore.comm.reduce_stats_`); separate from DDP's so their collectives never interleave.
-    sharded : the data handed to ``fit`` is this rank's shard (:func:`gpcore.sharded.fit_sharded`), not a copy
+    sharded : the data handed to ``fit`` is this rank's shard (:func:`gpcore.run.sharded.fit_sharded`), not a copy
         of the full training set.
     """
 
