@@ -1,9 +1,10 @@
 """Cached wrappers (``st_``-prefixed) over gpcore and the pure map helpers.
 
 Runs are immutable once written, so everything about a run is cached by ``(run path, stamp)``
-where the stamp is the mtime of its ``run.json``. Heavy objects (frames, models, kernel
-features, raster indices) use ``st.cache_resource`` and are treated as read-only; rendered
-strings and small tables use ``st.cache_data``.
+where the stamp says when the run was written (:func:`gpcore.run.rundir.stamp`). The bodies live in gpcore
+(:mod:`gpcore.run.rundir`, :mod:`gpcore.run.decisions`, :mod:`gpcore.run.dataset`); this module caches them.
+Heavy objects (frames, models, kernel features, raster indices) use ``st.cache_resource`` and are treated as
+read-only; rendered strings and small tables use ``st.cache_data``.
 
 Cost per click on a map (see ``benchmarks/bench_app.py``): ``st_kernel`` holds the grid's
 features, so a slice is one matrix-vector product; the image is a palette PNG from the cached
@@ -12,10 +13,6 @@ raster index; the grid-map component's cell lookup is the cached ``st_grid_looku
 
 from __future__ import annotations
 
-import io
-import json
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +24,9 @@ from app import layers as L
 from app import raster as R
 from app.colors import ColorScale, format_number
 from app.state import DatasetSpec
+from gpcore.run.dataset import INTERNAL_COLUMNS as INTERNAL_COLUMNS  # the pages' names
+from gpcore.run.dataset import Inspection, file_columns, inspect_source, units_of
+from gpcore.run.predict import KernelCache as KernelCache
 
 # ---------------------------------------------------------------------------------------------
 # data sets
@@ -55,73 +55,20 @@ class LoadedData:
         return dict(self.frame.attrs.get("strata_counts") or {})
 
 
-def units_of(column: str) -> str:
-    """Units read off a column name (``download_mbps`` -> ``Mbps``); empty when unknown."""
-    low = column.lower()
-    for suffix, unit in (("_mbps", "Mbps"), ("_kbps", "kbps"), ("_ms", "ms"), ("_km", "km"), ("_m", "m")):
-        if low.endswith(suffix):
-            return unit
-    return ""
-
-
 @st.cache_resource(show_spinner="Reading the data ...", max_entries=8)
 def st_load_dataset(spec: DatasetSpec) -> LoadedData:
-    """Read, validate and stratify a data set exactly as a run would (``gpcore.runs.load_frame``)."""
-    from gpcore import data as D
-    from gpcore.identity import dataset_identity
-    from gpcore.runs import frame_hash, load_frame
+    """Read, validate and stratify a data set exactly as a run would (``gpcore.run.dataset.load_dataset``)."""
+    from gpcore.run.dataset import load_dataset
 
-    cfg = spec.run_config()
-    gdf, source, state = load_frame(cfg)
-    tr = D.get_transform(spec.transform)
-    X = gdf[["lon", "lat"]].to_numpy(dtype=np.float64)
-    y_t = tr.forward(gdf[spec.y].to_numpy(dtype=np.float64))
-    return LoadedData(
-        spec=spec,
-        frame=gdf,
-        source=source,
-        state=state,
-        report=gdf.attrs.get("report"),
-        data_hash=dataset_identity(cfg.to_dict()) or frame_hash(X, y_t),
-        y_t=y_t,
-        units=units_of(spec.y),
-    )
-
-
-@dataclass
-class Inspection:
-    """What a file holds, for the column-mapping widgets (auto-detected picks included)."""
-
-    columns: list[str]
-    numeric: list[str]  # number columns as the reader treats them (a few text cells allowed), no coordinates
-    lon: str | None
-    lat: str | None
-    time: str | None
-    quarters: list[str]
-    rows: int
-    report_text: str
-    profiles: dict  # name -> gpcore.data.columns.ColumnProfile (of the raw file rows)
-
-    def default_target(self) -> str | None:
-        from gpcore.data.columns import guess_target
-
-        return guess_target({n: self.profiles[n] for n in self.numeric}, coordinates=(self.lon, self.lat))
-
-
-#: Columns the reader adds (never offered as target, weight or strata).
-INTERNAL_COLUMNS = {"geometry", "lon", "lat", "time_year"}
+    d = load_dataset(spec.run_config())
+    return LoadedData(spec, d.frame, d.source, d.state, d.frame.attrs.get("report"), d.data_hash, d.y_t,
+                      units_of(spec.y))
 
 
 @st.cache_resource(show_spinner="Reading the file ...", max_entries=8)
 def st_columns(source: str) -> tuple[list[str], dict]:
     """The file's columns as read and their profiles (DataError only when the file cannot be read at all)."""
-    from gpcore.data.columns import profile_columns, read_table
-
-    spec = DatasetSpec(source=source)
-    path = _path_of(spec)
-    df = read_table(path)
-    profiles = profile_columns(df)
-    return list(profiles), profiles
+    return file_columns(_path_of(DatasetSpec(source=source)))
 
 
 def _path_of(spec: DatasetSpec):
@@ -132,41 +79,8 @@ def _path_of(spec: DatasetSpec):
 
 @st.cache_resource(show_spinner="Inspecting the file ...", max_entries=8)
 def st_inspect(source: str, lon: str | None = None, lat: str | None = None) -> Inspection:
-    """Read a file once without a target to list its columns and what gpcore detects (DataError if unusable).
-
-    ``lon`` / ``lat`` are the user's coordinate columns (None: auto-detect).
-    """
-    from gpcore import data as D
-    from gpcore.data.columns import is_coordinate_name
-
-    spec = DatasetSpec(source=source)
-    gdf = D.read_measurements(_path_of(spec), lon=lon, lat=lat, allow_drop=True)
-    rep = gdf.attrs["report"]
-    _, raw = st_columns(source)
-    from gpcore.data.columns import profile_column
-
-    # columns the reader derives (Ookla's download_mbps from avg_d_kbps) are profiled as read
-    profiles = {**raw, **{c: profile_column(gdf[c]) for c in gdf.columns if c not in raw and c != "geometry"}}
-    columns = [c for c in gdf.columns if c != "geometry"]
-    used = {rep.columns.get("lon"), rep.columns.get("lat")}
-    numeric = [c for c in columns if c in profiles and profiles[c].numeric and c not in INTERNAL_COLUMNS
-               and c not in used and not is_coordinate_name(c)]
-    time_col = rep.columns.get("time")
-    quarters: list[str] = []
-    if time_col:
-        labels = pd.Series(D.temporal.quarter_labels(gdf[time_col])).dropna().astype(str)
-        quarters = sorted(labels.unique().tolist())
-    return Inspection(
-        columns=columns,
-        numeric=numeric,
-        lon=rep.columns.get("lon"),
-        lat=rep.columns.get("lat"),
-        time=time_col,
-        quarters=quarters,
-        rows=len(gdf),
-        report_text=rep.to_text(),
-        profiles=profiles,
-    )
+    """What a file holds and what gpcore detects (``gpcore.run.dataset.inspect_source``; DataError if unusable)."""
+    return inspect_source(_path_of(DatasetSpec(source=source)), lon, lat, st_columns(source)[1])
 
 
 def _source_path(source: str) -> Path:
@@ -269,7 +183,7 @@ def list_runs():
 
 def list_runs_checked() -> tuple[list, list[tuple[str, str]]]:
     """``(runs, skipped)``: the valid runs, and ``(run id, reason)`` of those whose run.json is malformed."""
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     store = RunStore()
     _clean_store_once(str(store.root))
@@ -280,33 +194,16 @@ def list_runs_checked() -> tuple[list, list[tuple[str, str]]]:
 @st.cache_resource(show_spinner=False)
 def _clean_store_once(root: str) -> list[str]:
     """Remove what killed processes left in the store, once per server process (see RunStore.clean_leftovers)."""
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     return RunStore(root).clean_leftovers()
 
 
-GRID_COLUMNS = ("cell_id", "lon", "lat", "mean_t", "width_t", "mean", "lower", "upper", "width")
-
-
-def _read_run_table(p: Path, kind: str, columns=()) -> pd.DataFrame:
-    """A run's Parquet/CSV file, checked for its columns; RunError naming run and file when damaged."""
-    from gpcore.errors import RunError
-
-    try:
-        df = pd.read_csv(p) if kind == "csv" else pd.read_parquet(p)
-    except Exception as e:  # noqa: BLE001 - pyarrow/pandas raise many types for damaged files
-        raise RunError(f"run '{p.parent.name}': {p.name} cannot be read ({type(e).__name__}); delete or re-run it") \
-            from None
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise RunError(f"run '{p.parent.name}': {p.name} lacks the column(s) {', '.join(missing)}; re-run it")
-    return df
-
-
 def run_key(info) -> tuple[str, float]:
-    """Cache key of a run: its path and the mtime of its run.json."""
-    path = Path(info.path)
-    return str(path), (path / "run.json").stat().st_mtime
+    """Cache key of a run: its path and when it was written."""
+    from gpcore.run.rundir import stamp
+
+    return str(info.path), stamp(info.path)
 
 
 @dataclass
@@ -366,9 +263,16 @@ def run_titles(runs) -> dict[str, str]:
     return {r.run_id: run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
 
 
+def has_grid(path) -> bool:
+    """Whether the run at ``path`` has a prediction grid."""
+    from gpcore.run.rundir import has_grid as run_has_grid
+
+    return run_has_grid(path)
+
+
 def runs_with_grid(runs) -> list:
     """The runs that have a prediction grid (what Maps and Decide can show)."""
-    return [r for r in runs if (r.path / "grid.parquet").is_file()]
+    return [r for r in runs if has_grid(r.path)]
 
 
 @st.cache_resource(show_spinner="Loading the run ...", max_entries=8)
@@ -376,19 +280,11 @@ def st_run_data(path: str, stamp: float) -> RunData:
     from scipy.spatial import cKDTree
 
     from gpcore import data as D
-    from gpcore.errors import RunError
-    from gpcore.store import read_manifest
+    from gpcore.run import rundir
 
     p = Path(path)
-    manifest = read_manifest(p)
-    grid = _read_run_table(p / "grid.parquet", "parquet", GRID_COLUMNS) if (p / "grid.parquet").is_file() else None
-    if grid is not None:
-        try:
-            grid = grid.astype({c: float for c in GRID_COLUMNS if c != "cell_id"})
-        except (TypeError, ValueError):
-            raise RunError(f"run '{p.name}': grid.parquet holds non-numeric predictions; re-run it") from None
-        if not (np.isfinite(grid["lon"]).all() and np.isfinite(grid["lat"]).all()):
-            raise RunError(f"run '{p.name}': grid.parquet has cells without finite coordinates; re-run it")
+    manifest = rundir.read_manifest(p)
+    grid = rundir.read_grid(p)
     cfg = manifest.get("config", {})
     tr = D.get_transform(cfg.get("transform", "identity"))
     hw = hh = 0.01
@@ -425,39 +321,9 @@ def get_run(run_id: str | None):
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=6)
 def st_model(path: str, stamp: float):
     """The trained model of a run (loaded once per run, never retrained)."""
-    from gpcore.models import load_model
+    from gpcore.run.rundir import load_model
 
-    return load_model(Path(path) / "model", device="auto")
-
-
-@dataclass
-class KernelCache:
-    """Per-grid kernel pieces: ``slicer(x_ref) -> k(grid, x_ref)`` and, on first use, ``k(x, x)`` on the grid."""
-
-    slicer: object
-    grid_X: np.ndarray
-    model: object
-    _diag: np.ndarray | None = None
-
-    @property
-    def diag(self) -> np.ndarray:
-        """Prior variance ``k(x, x)`` at every grid cell (computed once, for the correlation view)."""
-        if self._diag is None:
-            self._diag = self.model.kernel_diag(self.grid_X)
-        return self._diag
-
-    def slice(self, x_ref, mode: str = "kernel") -> np.ndarray:
-        """``k(grid, x_ref)``; ``mode`` "correlation" divides by ``sqrt(k(x,x) k(x_ref,x_ref))``,
-        "max" by the largest ``|k|`` over the grid (the paper's Fig. 5)."""
-        k = self.slicer(np.asarray(x_ref, dtype=float))
-        if mode == "correlation":
-            k_ref = float(self.model.kernel_diag(np.asarray(x_ref, dtype=float)[None, :])[0])
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return k / np.sqrt(np.maximum(self.diag, 1e-300) * max(k_ref, 1e-300))
-        if mode == "max":
-            m = float(np.max(np.abs(k))) or 1.0
-            return k / m
-        return k
+    return load_model(path, device="auto")
 
 
 @st.cache_resource(show_spinner="Caching the grid's kernel features ...", max_entries=4)
@@ -507,14 +373,16 @@ def slice_image(path: str, stamp: float, values: np.ndarray, scale: ColorScale) 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_test_predictions(path: str, stamp: float) -> pd.DataFrame:
-    p = Path(path) / "test_predictions.parquet"
-    return _read_run_table(p, "parquet", ("y", "mean", "var_y", "stratum")) if p.is_file() else pd.DataFrame()
+    from gpcore.run.rundir import read_test_predictions
+
+    return read_test_predictions(path)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_metrics(path: str, stamp: float) -> pd.DataFrame:
-    p = Path(path) / "metrics.csv"
-    return _read_run_table(p, "csv", ("group", "nll")) if p.is_file() else pd.DataFrame()
+    from gpcore.run.rundir import read_metrics
+
+    return read_metrics(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,90 +391,24 @@ def st_metrics(path: str, stamp: float) -> pd.DataFrame:
 
 
 def export_grid_bytes(path: str, fmt: str) -> bytes:
-    """The run's prediction grid as GeoTIFF, GeoJSON or CSV bytes (via ``gpcore.data.export_predictions``)."""
-    from gpcore import data as D
+    """The run's prediction grid as GeoTIFF, GeoJSON or CSV bytes (``gpcore.run.decisions.export_grid_bytes``)."""
+    from gpcore.run.decisions import export_grid_bytes as grid_bytes
 
-    grid = run_grid_frame(path)
-    cols = [c for c in (*D.PRED_COLUMNS, "mean_t", "sd_t", "width_t") if c in grid.columns]
-    manifest = json.loads((Path(path) / "run.json").read_text())
-    tags = {
-        "model": manifest.get("config", {}).get("model", ""),
-        "target": manifest.get("config", {}).get("y", ""),
-        "transform": manifest.get("config", {}).get("transform", ""),
-        "run_id": manifest.get("run_id", Path(path).name),
-    }
-    suffix = {"geotiff": ".tif", "geojson": ".geojson", "csv": ".csv"}[fmt]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = D.export_predictions(grid, Path(tmp) / f"predictions{suffix}", columns=cols,
-                                   tags=tags if fmt == "geotiff" else None)
-        return out.read_bytes()
-
-
-def run_grid_frame(path: str):
-    """The run's grid as a GeoDataFrame with its predictions and its ``GridSpec`` (for GeoTIFF).
-
-    The spec is read from ``run.json["grid"]`` when the run recorded it, else the grid is rebuilt
-    with :func:`gpcore.runs.build_grid` (deterministic) and matched by ``cell_id``.
-    """
-    import geopandas as gpd
-
-    from gpcore import data as D
-    from gpcore import runs
-    from gpcore.errors import GPCoreError
-
-    p = Path(path)
-    manifest = json.loads((p / "run.json").read_text())
-    preds = pd.read_parquet(p / "grid.parquet")
-    spec = manifest.get("grid")
-    if isinstance(spec, dict) and "transform" in spec:
-        cells = (gpd.read_parquet(p / "grid_cells.parquet") if (p / "grid_cells.parquet").is_file()
-                 else gpd.read_file(p / "grid_cells.geojson", engine="pyogrio"))
-        grid = cells.merge(preds, on="cell_id", how="inner")
-        spec = D.GridSpec(**{**spec, "transform": tuple(spec["transform"])})
-        if "row" not in grid.columns and spec.kind == "square":
-            grid["row"], grid["col"] = np.divmod(grid["cell_id"].to_numpy(dtype=np.int64), spec.width)
-        grid.attrs["grid"] = spec
-        return grid
-    cfg = runs.RunConfig.from_dict(manifest["config"])
-
-    class _Prep:  # what build_grid reads: the state, and the frame when the region is the data's hull
-        state = manifest.get("data", {}).get("state")
-
-        @property
-        def frame(self):
-            return runs.load_frame(cfg)[0]
-
-    rebuilt = runs.build_grid(cfg, _Prep())
-    if rebuilt is None:
-        raise GPCoreError("this run has no prediction grid to export")
-    spec_obj = rebuilt.attrs.get("grid")
-    grid = rebuilt[["cell_id", "row", "col", "geometry"]].merge(preds, on="cell_id", how="inner")
-    if len(grid) != len(preds):
-        raise GPCoreError(
-            f"the rebuilt grid matches {len(grid)} of the run's {len(preds)} cells; export GeoJSON or CSV instead"
-        )
-    grid.attrs["grid"] = spec_obj
-    return grid
-
-
-#: The files of the model format (GPModel.save): nothing else in model/ is ever exported.
-MODEL_FILES = ("model.json", "model.safetensors")
+    return grid_bytes(path, fmt)
 
 
 def model_zip_bytes(path: str) -> bytes:
-    """The run's model (``model.json`` + ``model.safetensors``) as a zip. Only those two names, only regular
-    files (a symlink, e.g. to a system file, is refused), only inside the run folder."""
-    from gpcore.errors import RunError
+    """The run's model (``model.json`` + ``model.safetensors``) as a zip (``gpcore.run.rundir.model_zip``)."""
+    from gpcore.run.rundir import model_zip
 
-    folder = Path(path) / "model"
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name in MODEL_FILES:
-            f = folder / name
-            if folder.is_symlink() or f.is_symlink() or not f.is_file():
-                raise RunError(f"run '{Path(path).name}': model/{name} is missing or not a regular file")
-            zf.writestr(f"model/{name}", f.read_bytes())
-    return buf.getvalue()
+    return model_zip(path)
+
+
+def manifest_bytes(path: str) -> bytes:
+    """The run's validated manifest file, for its download (``gpcore.run.rundir.manifest_bytes``)."""
+    from gpcore.run.rundir import manifest_bytes as read_bytes
+
+    return read_bytes(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,37 +418,30 @@ def model_zip_bytes(path: str) -> bytes:
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def st_run_cells(path: str, stamp: float):
-    """The run's grid with its cell polygons (``gpcore.runs.load_run_grid``), for areas and exports."""
-    from gpcore.runs import load_run_grid
+    """The run's grid with its cell polygons (``gpcore.run.rundir.read_grid_frame``), for areas and exports."""
+    from gpcore.run.rundir import read_grid_frame
 
-    return load_run_grid(path)
+    return read_grid_frame(path)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_exceedance(path: str, stamp: float, threshold: float, units: str, direction: str) -> np.ndarray:
     """P(f below/above the threshold) per grid cell from the run's stored marginals (``O(cells)``)."""
-    from gpcore import decide
+    from gpcore.run import decisions
 
     run = st_run_data(path, stamp)
-    model = st_model(path, stamp)
-    pred = decide.grid_prediction(run.grid, model.noise_variance, model.variance_scale(len(run.grid)))
-    return decide.exceedance(model, run.grid[["lon", "lat"]].to_numpy(float), threshold, units=units,
-                             transform=run.transform, direction=direction, pred=pred).p_f
+    return decisions.exceedance(st_model(path, stamp), run.grid, threshold, units=units, transform=run.transform,
+                                direction=direction).p_f
 
 
 @st.cache_data(show_spinner="Assigning cells to areas ...", max_entries=8)
 def st_area_labels(path: str, stamp: float, source: str) -> np.ndarray:
     """The area of each grid cell: ``counties`` (bundled, the run's state) or ``strata`` (the run's strata)."""
-    from gpcore import decide
-    from gpcore.runs import apply_strata
+    from gpcore.run import decisions
 
     run = st_run_data(path, stamp)
-    state_code = run.manifest.get("data", {}).get("state")
-    g = run.grid
-    if source == "strata":
-        return apply_strata(g[["lon", "lat"]].copy(), run.config.get("strata"), state_code)["stratum"].to_numpy(
-            dtype=object)
-    return decide.assign_areas(g["lon"].to_numpy(), g["lat"].to_numpy(), decide.bundled_counties(state_code), "NAME")
+    return decisions.area_labels(run.grid, source, state=run.manifest.get("data", {}).get("state"),
+                                 strata=run.config.get("strata"))[0]
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -661,44 +456,31 @@ def st_joint_unavailable(path: str, stamp: float) -> str | None:
 def st_areas(path: str, stamp: float, source: str, weights: str, threshold: float, units: str,
              samples: int = 0) -> pd.DataFrame:
     """Posterior of each area's weighted mean, ranked by P(area mean below the threshold)."""
-    from gpcore import decide
+    from gpcore.run import decisions
 
     run = st_run_data(path, stamp)
-    model = st_model(path, stamp)
-    labels = st_area_labels(path, stamp, source)
-    w = None
-    if weights == "area":
-        cells = st_run_cells(path, stamp)
-        area = pd.Series(decide.cell_areas_km2(cells), index=cells["cell_id"].to_numpy())
-        w = area.reindex(run.grid["cell_id"].to_numpy()).fillna(0.0).to_numpy()
-    tab = decide.area_posteriors(model, run.grid[["lon", "lat"]].to_numpy(float), labels, weights=w,
-                                 threshold=threshold, units=units, transform=run.transform, samples=samples)
-    return tab.sort_values("p_below", ascending=False).reset_index(drop=True)
+    w = decisions.area_weights(run.grid, weights, cells=st_run_cells(path, stamp) if weights == "area" else None)
+    return decisions.area_table(st_model(path, stamp), run.grid, st_area_labels(path, stamp, source), weights=w,
+                                threshold=threshold, units=units, transform=run.transform, samples=samples)
 
 
 @st.cache_data(show_spinner="Drawing joint samples ...", max_entries=8)
 def st_samples(path: str, stamp: float, seed: int, n: int = 4) -> np.ndarray:
     """``n`` joint posterior samples over the grid (model space), seeded."""
-    from gpcore import decide
+    from gpcore.run import decisions
 
-    run = st_run_data(path, stamp)
-    return decide.plausible_maps(st_model(path, stamp), run.grid[["lon", "lat"]].to_numpy(float), n, seed=seed)
+    return decisions.samples(st_model(path, stamp), st_run_data(path, stamp).grid, n, seed=seed)
 
 
 @st.cache_resource(show_spinner="Choosing where to measure next ...", max_entries=8)
 def st_suggest(path: str, stamp: float, k: int, target: str, threshold: float, units: str, min_km: float):
-    """Greedy suggestions over the grid cells (``gpcore.decide.suggest``) and the target mask used."""
-    from gpcore import decide
+    """Greedy suggestions over the grid cells (``gpcore.run.decisions.suggest``) and the target mask used."""
+    from gpcore.run import decisions
 
     run = st_run_data(path, stamp)
     model = st_model(path, stamp)
-    X = run.grid[["lon", "lat"]].to_numpy(float)
-    if target == "undecided":
-        mask = decide.undecided_mask(st_exceedance(path, stamp, threshold, units, "below"))
-    elif target.startswith("stratum:"):
-        mask = st_area_labels(path, stamp, "strata") == target.split(":", 1)[1]
-    else:
-        mask = np.ones(len(X), dtype=bool)
+    mask = decisions.target_mask(model, run.grid, target, threshold=threshold, units=units, transform=run.transform,
+                                 strata=run.config.get("strata"), state=run.manifest.get("data", {}).get("state"))
     if not mask.any():
         return None, mask
-    return decide.suggest(model, X, X[mask], k=k, min_km=min_km), mask
+    return decisions.suggest(model, run.grid, mask, k, min_km=min_km), mask

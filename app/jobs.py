@@ -1,7 +1,7 @@
 """Training in a background thread, so the page stays live and a Cancel button can be pressed.
 
-A :class:`TrainingJob` runs :func:`gpcore.runs.execute_run` (the one pipeline) in a daemon
-thread. The per-epoch callback records :class:`gpcore.train.Progress` and returns ``False``
+A :class:`TrainingJob` runs :func:`gpcore.run.pipeline.execute_run` (the one pipeline) in a daemon
+thread. The per-epoch callback records :class:`gpcore.models.training.Progress` and returns ``False``
 once :meth:`TrainingJob.cancel` was called; the trainer then keeps the best model so far and
 ``execute_run`` still writes the run (marked cancelled). The page polls the job with
 ``st.fragment(run_every=...)``. No Streamlit here.
@@ -112,7 +112,7 @@ def configure_torch_threads() -> int:
 
 def start_training(cfg, run_dir: Path, prepared=None, label: str = "") -> TrainingJob:
     """Start ``execute_run(cfg, run_dir)`` in a daemon thread and return its job."""
-    from gpcore.runs import execute_run, prepare
+    from gpcore.run.pipeline import execute_run, prepare
 
     epochs = int({**_defaults(cfg.model), **cfg.settings}.get("epochs", 1))
     job = TrainingJob(run_id=Path(run_dir).name, run_dir=Path(run_dir), label=label or cfg.model, epochs=epochs)

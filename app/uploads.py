@@ -27,7 +27,7 @@ _REF = re.compile(r"[0-9a-f]{16}/[A-Za-z0-9_.-]{1,200}")
 
 
 def uploads_dir() -> Path:
-    from gpcore.store import default_store_dir
+    from gpcore.run.store import default_store_dir
 
     return default_store_dir() / "_uploads"
 

@@ -69,7 +69,7 @@ def cell_km_for(state: str, cells: int) -> float:
 
 def build_run(store: Path, cells: int, epochs: int) -> Path:
     from app.state import DatasetSpec
-    from gpcore.runs import execute_run
+    from gpcore.run.pipeline import execute_run
 
     spec = DatasetSpec()
     cfg = spec.run_config(model="dbk-rbf", settings={"epochs": epochs, "rank": 128, "hidden": 64},

@@ -385,7 +385,7 @@ def failure_screenshot() -> Path:
 def grid_cells(store: Path, run_id: str) -> int:
     import pandas as pd
 
-    from gpcore.store import BUNDLED_RUNS
+    from gpcore.run.store import BUNDLED_RUNS
 
     for base in (store, BUNDLED_RUNS):
         p = base / run_id / "grid.parquet"
@@ -441,7 +441,7 @@ def main(argv=None) -> int:
         return 2
     from playwright.sync_api import sync_playwright
 
-    from gpcore.store import BUNDLED_RUNS
+    from gpcore.run.store import BUNDLED_RUNS
 
     bundled = sorted(p.name for p in BUNDLED_RUNS.iterdir()
                      if (p / "run.json").is_file() and (p / "grid.parquet").is_file())

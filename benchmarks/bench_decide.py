@@ -51,7 +51,8 @@ def grid_cells(cells: int):
 
 
 def training_data(max_points: int | None, seed: int = 0):
-    from gpcore.runs import RunConfig, prepare
+    from gpcore.run.config import RunConfig
+    from gpcore.run.pipeline import prepare
 
     cfg = RunConfig(data="sample:puerto_rico", y="download_mbps", model="dbk", quarter="2023", transform="log10",
                     grid_kind="none")

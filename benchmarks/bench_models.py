@@ -1,6 +1,6 @@
 """The model comparison as a benchmark: every model on one split, plus GPyTorch SVGP as the peer.
 
-Runs :func:`gpcore.compare.compare_models` (the same code as ``python -m gpcore compare``) and, on the
+Runs :func:`gpcore.run.compare.compare_models` (the same code as ``python -m gpcore compare``) and, on the
 same training split and in the same process, fits GPyTorch's SVGP (m inducing points, batch 1024,
 Adam 1e-2, same epochs and early stopping on validation NLL). Prints the ranked table and each
 model's fit time divided by GPyTorch SVGP's.
@@ -47,8 +47,9 @@ from _harness import (
 from _peers import gpboost_available, gpboost_vecchia, gpytorch_svgp
 
 from gpcore import metrics as M
-from gpcore.compare import compare_models
-from gpcore.runs import RunConfig, prepare
+from gpcore.run.compare import compare_models
+from gpcore.run.config import RunConfig
+from gpcore.run.pipeline import prepare
 
 DEFAULT_MODELS = "dbk-silu,dbk-rbf,svgp,ppgp,sv-dkl,softki,cagp,solvegp"
 HEATON_MODELS = "vecchia,dbk-nn,dbk-rbf"

@@ -1,6 +1,6 @@
 """Issue 13's bar: gpcore's models against GPBoost's Vecchia GP on four data sets, in one process, on one split.
 
-For each data set the project's own data path (:func:`gpcore.runs.prepare` on a :class:`RunConfig`) gives the
+For each data set the project's own data path (:func:`gpcore.run.pipeline.prepare` on a :class:`RunConfig`) gives the
 seeded random 8:1:1 split (``--split block``: whole ``--block-km`` squares); each ``--models`` model
 (default vecchia,dbk-nn,dbk-rbf; a name the registry does not have is skipped with a message) is fitted on the
 training rows with early stopping on the validation rows, and GPBoost's Vecchia GP (Matérn-3/2, 30 neighbours,
@@ -63,7 +63,8 @@ from _harness import (
 from _peers import gpboost_available, gpboost_vecchia
 
 from gpcore import metrics as M
-from gpcore.runs import RunConfig, prepare
+from gpcore.run.config import RunConfig
+from gpcore.run.pipeline import prepare
 
 RACE_MODELS = "vecchia,dbk-nn,dbk-rbf"
 DATASETS = ("pr", "mo", "california", "turkey")

@@ -51,7 +51,8 @@ def build(n: int, m: int, seed: int = 0):
 
 def fit_puerto_rico() -> None:
     from gpcore import metrics as M
-    from gpcore.runs import RunConfig, prepare
+    from gpcore.run.config import RunConfig
+    from gpcore.run.pipeline import prepare
 
     prep = prepare(RunConfig(data="sample:puerto_rico", y="download_mbps", transform="log10", quarter="2023",
                              strata="county_metro", grid_kind="none"))

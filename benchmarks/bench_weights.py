@@ -31,7 +31,8 @@ import pandas as pd
 
 from gpcore import make_model
 from gpcore import metrics as M
-from gpcore.runs import RunConfig, prepare
+from gpcore.run.config import RunConfig
+from gpcore.run.pipeline import prepare
 
 
 def _row(label, mean, var_y, y):

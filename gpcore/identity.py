@@ -18,7 +18,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-#: Fields of :class:`gpcore.runs.RunConfig` that define the data set (not the model or the split).
+#: Fields of :class:`gpcore.run.config.RunConfig` that define the data set (not the model or the split).
 SPEC_FIELDS = ("x", "y", "transform", "quarter", "weight", "time", "strata", "allow_drop")
 
 

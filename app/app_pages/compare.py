@@ -79,7 +79,7 @@ def pick_split(pool) -> str:
     newest = pool[0]
     cfg = {**newest.manifest.get("config", {}), "split": other, "block_km": 10.0}
     from gpcore.run.config import fit_command
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     out = shlex.quote(str(RunStore().root / f"{newest.model}-{other}"))
     what = ("spatial blocks (test rows inside gaps)" if other == "block" else "a random split")
@@ -173,7 +173,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
     st.dataframe(charts.format_metrics(overall[["rank", "model", "split", *[c for c in METRIC_COLS if c in overall],
                                                 "run"]]),
                  hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
-    from gpcore.runs import NO_RECAL
+    from gpcore.run.pipeline import NO_RECAL
 
     is_before = table.group.astype(str).str.endswith(NO_RECAL)
     before, table = table[is_before], table[~is_before]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import streamlit as st
 
@@ -22,7 +21,7 @@ def render(data, runs: list) -> None:
     path = str(info.path)
     m = info.manifest
     stem = f"{info.run_id}"
-    has_grid = (Path(path) / "grid.parquet").is_file()
+    has_grid = cache.has_grid(path)
 
     st.subheader("Prediction grid")
     st.caption(
@@ -45,7 +44,7 @@ def render(data, runs: list) -> None:
     c[0].download_button("Model (zip: model.json + model.safetensors)", data=lambda: cache.model_zip_bytes(path),
                          file_name=f"{stem}-model.zip", mime="application/zip", on_click="ignore",
                          icon=":material/download:", key="w_dl_model")
-    c[1].download_button("Run manifest (run.json)", data=(Path(path) / "run.json").read_bytes(),
+    c[1].download_button("Run manifest (run.json)", data=cache.manifest_bytes(path),
                          file_name=f"{stem}-run.json", mime="application/json", on_click="ignore",
                          icon=":material/download:", key="w_dl_manifest")
     st.caption("Load the model with `gpcore.load_model('model/')`; reproduce the run with the CLI command below.")

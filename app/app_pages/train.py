@@ -1,6 +1,6 @@
 """Train: a model from the registry with its main settings, the split and the seed.
 
-Training runs in a background thread (:mod:`app.jobs`) over :func:`gpcore.runs.execute_run`;
+Training runs in a background thread (:mod:`app.jobs`) over :func:`gpcore.run.pipeline.execute_run`;
 this page polls it with a fragment that redraws the progress bar and the loss / validation-NLL
 chart, and offers Cancel (the best model so far is kept and saved).
 """
@@ -34,8 +34,8 @@ def model_picker() -> str:
 
 def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_km: float, seed: int,
           cell_km: float, label: str) -> None:
-    from gpcore.runs import new_run_id, prepare
-    from gpcore.store import RunStore
+    from gpcore.run.pipeline import new_run_id, prepare
+    from gpcore.run.store import RunStore
 
     try:
         cfg = data.spec.run_config(

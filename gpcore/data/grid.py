@@ -19,6 +19,8 @@ segments no longer than a cell, each tested against the at most four cells aroun
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import geopandas as gpd
@@ -30,8 +32,12 @@ from gpcore.data import quadkey as qk
 from gpcore.data._crs import WGS84, laea_crs, local_crs, project, project_geometry
 from gpcore.data.regions import resolve_region
 from gpcore.data.report import JSONFields
-from gpcore.errors import DataError
+from gpcore.errors import ConfigError, DataError
 
+KM_PER_DEG_LAT = 110.574
+KM_PER_DEG_LON_EQ = 111.320
+#: Most cells of a streamed raster (:class:`RegularGrid`).
+MAX_REGION_CELLS = 2_000_000_000
 #: Largest grid built unless ``max_cells`` says otherwise.
 DEFAULT_MAX_CELLS = 1_000_000
 _CHUNK = 2_000_000
@@ -235,3 +241,202 @@ def _boundary_cells(gp, x0: float, y1: float, size: float, nx: int, ny: int) -> 
     segs = shapely.linestrings(np.stack([a[seg], b[seg]], axis=1))
     hit = shapely.intersects(boxes, segs)
     return np.unique(key[hit])
+
+
+# --------------------------------------------------------------------------------------------
+# cell sources for streamed prediction (gpcore.run.predict): batches of cells, never all at once
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Chunk:
+    """One batch of cells: ids, ``(m, 2)`` lon/lat, an optional inside-region mask, raster rows."""
+
+    index: int
+    cell_id: np.ndarray
+    X: np.ndarray
+    inside: np.ndarray | None = None
+    row0: int | None = None
+    nrows: int | None = None
+
+
+@dataclass
+class RegularGrid:
+    """A north-up lon/lat raster over ``(west, east, south, north)`` with ``nx x ny`` cells (EPSG:4326), read
+    as a source of cell batches. Its layout is a :class:`GridSpec` (:attr:`spec`, kind ``"lonlat"``), the same
+    layout :func:`make_grid` records, so one GeoTIFF writer (:mod:`gpcore.data.export`) places both.
+
+    Cell ``cell_id = row * nx + col`` (row 0 at the north edge) has its centre at
+    ``(west + (col + 0.5) dx, north - (row + 0.5) dy)``.
+    """
+
+    west: float
+    east: float
+    south: float
+    north: float
+    nx: int
+    ny: int
+    mask_geometry: object = None  # optional shapely polygon; cells outside are dropped / NaN
+
+    @property
+    def dx(self) -> float:
+        return (self.east - self.west) / self.nx
+
+    @property
+    def dy(self) -> float:
+        return (self.north - self.south) / self.ny
+
+    @property
+    def n_cells(self) -> int:
+        return self.nx * self.ny
+
+    @property
+    def spec(self) -> GridSpec:
+        """The raster layout (cell corners ``x = west + col dx``, ``y = north - row dy``, EPSG:4326)."""
+        return GridSpec("lonlat", "EPSG:4326", (self.dx, 0.0, self.west, 0.0, -self.dy, self.north), self.nx,
+                        self.ny, self.dx)
+
+    @classmethod
+    def from_bounds(
+        cls,
+        bounds: tuple[float, float, float, float],
+        *,
+        cell_km: float | None = None,
+        cell_deg: float | None = None,
+        cells: int | None = None,
+        mask_geometry=None,
+    ) -> RegularGrid:
+        """Grid over ``(W, E, S, N)`` with square-ish cells of ``cell_km`` km (at the mid-latitude),
+        ``cell_deg`` degrees, or about ``cells`` cells in total (exactly one of them)."""
+        w, e, s, n = (float(v) for v in bounds)
+        if not (-180 <= w < e <= 180 and -90 <= s < n <= 90):
+            raise ConfigError(
+                f"region (W, E, S, N) = {bounds!r} is not valid; need -180 <= W < E <= 180 and -90 <= S < N <= 90"
+            )
+        given = [v is not None and v != 0 for v in (cell_km, cell_deg, cells)]
+        if sum(given) != 1:
+            raise ConfigError("give exactly one of cell_km, cell_deg or cells for a generated grid")
+        kx = KM_PER_DEG_LON_EQ * math.cos(math.radians(0.5 * (s + n)))
+        ky = KM_PER_DEG_LAT
+        if cells is not None and cells:
+            if cells < 1:
+                raise ConfigError(f"cells must be >= 1, got {cells}")
+            # square cells in km: nx / ny = (width_km / height_km)
+            aspect = ((e - w) * kx) / ((n - s) * ky)
+            ny = max(1, int(round(math.sqrt(cells / aspect))))
+            nx = max(1, int(round(cells / ny)))
+        elif cell_km:
+            if cell_km <= 0:
+                raise ConfigError(f"cell_km must be > 0, got {cell_km}")
+            nx = max(1, int(math.ceil((e - w) * kx / cell_km)))
+            ny = max(1, int(math.ceil((n - s) * ky / cell_km)))
+            e, s = w + nx * cell_km / kx, n - ny * cell_km / ky
+        else:
+            if cell_deg <= 0:
+                raise ConfigError(f"cell_deg must be > 0, got {cell_deg}")
+            nx = max(1, int(math.ceil((e - w) / cell_deg)))
+            ny = max(1, int(math.ceil((n - s) / cell_deg)))
+            e, s = w + nx * cell_deg, n - ny * cell_deg
+        if nx * ny > MAX_REGION_CELLS:
+            raise ConfigError(f"the grid would have {nx * ny:,} cells; use larger cells")
+        return cls(w, e, s, n, nx, ny, mask_geometry)
+
+    def rows_per_batch(self, batch_size: int) -> int:
+        return max(1, batch_size // self.nx)
+
+    def n_chunks(self, batch_size: int) -> int:
+        return math.ceil(self.ny / self.rows_per_batch(batch_size))
+
+    def chunk(self, k: int, batch_size: int) -> Chunk:
+        """Chunk ``k``: whole raster rows ``[k R, (k + 1) R)`` with ``R = rows_per_batch``."""
+        R = self.rows_per_batch(batch_size)
+        row0 = k * R
+        nrows = min(R, self.ny - row0)
+        rows = np.arange(row0, row0 + nrows, dtype=np.int64)
+        cols = np.arange(self.nx, dtype=np.int64)
+        lon = self.west + (cols + 0.5) * self.dx
+        lat = self.north - (rows + 0.5) * self.dy
+        X = np.empty((nrows * self.nx, 2))
+        X[:, 0] = np.tile(lon, nrows)
+        X[:, 1] = np.repeat(lat, self.nx)
+        cell_id = (rows[:, None] * self.nx + cols[None, :]).ravel()
+        inside = None
+        if self.mask_geometry is not None:
+            import shapely
+
+            inside = shapely.contains_xy(self.mask_geometry, X[:, 0], X[:, 1])
+        return Chunk(k, cell_id, X, inside, row0, nrows)
+
+    def chunks(self, batch_size: int, rank: int = 0, world: int = 1) -> Iterator[Chunk]:
+        for k in range(rank, self.n_chunks(batch_size), world):
+            yield self.chunk(k, batch_size)
+
+
+class ParquetGrid:
+    """Cells from a Parquet file (``cell_id`` optional, coordinates ``x_cols``), read by row groups."""
+
+    def __init__(self, path, x_cols: tuple[str, str] | None = None, id_col: str | None = None):
+        from gpcore.data.parquet_stream import ParquetSource
+
+        probe = ParquetSource(path)
+        names = probe.schema_names
+        if x_cols is None:
+            for cand in (("lon", "lat"), ("longitude", "latitude"), ("x", "y"), ("lng", "lat")):
+                if all(c in names for c in cand):
+                    x_cols = cand
+                    break
+            else:
+                raise DataError(
+                    f"cannot find coordinate columns in '{path}' (looked for lon/lat, longitude/latitude, x/y); "
+                    f"give their names in x_cols. Columns: {', '.join(names)}"
+                )
+        if id_col is None and "cell_id" in names:
+            id_col = "cell_id"
+        cols = list(x_cols) + ([id_col] if id_col else [])
+        self.source = ParquetSource(path, cols)
+        self.x_cols, self.id_col = tuple(x_cols), id_col
+        self.n_cells = self.source.num_rows
+
+    def n_chunks(self, batch_size: int) -> int:
+        return math.ceil(self.n_cells / batch_size) if self.n_cells else 0
+
+    def chunks(self, batch_size: int, rank: int = 0, world: int = 1) -> Iterator[Chunk]:
+        start = 0
+        for k, b in enumerate(self.source.iter_batches(batch_size)):
+            m = len(b[self.x_cols[0]])
+            if k % world == rank:
+                X = np.column_stack([np.asarray(b[c], dtype=np.float64) for c in self.x_cols])
+                ids = b[self.id_col] if self.id_col else np.arange(start, start + m, dtype=np.int64)
+                yield Chunk(k, ids, X)
+            start += m
+
+
+def region_grid(spec: str, model=None, *, cell_km=None, cell_deg=None, cells=None) -> RegularGrid:
+    """A :class:`RegularGrid` from ``bbox:W,E,S,N``, ``state:CODE`` (bounding box, cells outside the
+    state dropped / NaN) or ``run`` (the model's training bounding box)."""
+    spec = spec.strip()
+    mask = None
+    if spec.startswith("bbox:"):
+        try:
+            bounds = tuple(float(v) for v in spec[5:].split(","))
+        except ValueError:
+            raise ConfigError(f"grid region {spec!r}: expected bbox:W,E,S,N (four numbers, degrees)") from None
+        if len(bounds) != 4:
+            raise ConfigError(f"grid region {spec!r}: expected bbox:W,E,S,N (four numbers, degrees)")
+    elif spec.startswith("state:"):
+        from gpcore.data.regions import state_bbox, state_boundary
+
+        code = spec.split(":", 1)[1]
+        bounds = state_bbox(code)
+        import shapely
+
+        mask = state_boundary(code)
+        shapely.prepare(mask)
+    elif spec == "run":
+        if model is None or getattr(model, "d_", None) != 2:
+            raise ConfigError("grid region 'run' needs a model trained on (lon, lat) inputs")
+        lo, span = model.x_lo_, model.x_span_
+        bounds = (lo[0], lo[0] + span[0], lo[1], lo[1] + span[1])
+    else:
+        raise ConfigError(f"grid region {spec!r} is not understood; use bbox:W,E,S,N, state:CODE or run")
+    return RegularGrid.from_bounds(bounds, cell_km=cell_km, cell_deg=cell_deg, cells=cells, mask_geometry=mask)

@@ -1,7 +1,7 @@
 """Lazy reading of large Parquet files: batches of columns, or one process's shard of the rows.
 
 Used where a table need not (or cannot) be held whole: streaming predictions over a big cell table
-(:mod:`gpcore.predict_stream`) and per-rank shards for distributed training. Memory is one batch
+(:mod:`gpcore.run.predict`) and per-rank shards for distributed training. Memory is one batch
 (``iter_batches``) or one shard (``read_shard``), plus pyarrow's buffer of one row group.
 
 >>> import pandas as pd, tempfile, os

@@ -22,7 +22,9 @@ import numpy as np
 import pandas as pd
 
 from gpcore.errors import ConfigError, DataError
-from gpcore.runs import RunConfig, execute_run, prepare, split_indices
+from gpcore.run import rundir
+from gpcore.run.config import RunConfig
+from gpcore.run.pipeline import execute_run, prepare, split_indices
 
 SPLITS = ("random", "block")
 
@@ -71,6 +73,17 @@ def parse_splits(splits) -> list[str]:
     return items
 
 
+def split_settings(sets: dict) -> tuple[dict, dict[str, dict]]:
+    """``(common settings, {model: its own settings})`` from ``{"lr": .., "svgp.num_inducing": ..}``."""
+    common = {k: v for k, v in sets.items() if "." not in k}
+    overrides: dict[str, dict] = {}
+    for k, v in sets.items():
+        if "." in k:
+            name, key = k.split(".", 1)
+            overrides.setdefault(name, {})[key] = v
+    return common, overrides
+
+
 def compare_models(base: RunConfig, models: list[str], out_dir, overrides: dict[str, dict] | None = None,
                    log=print, callback_factory=None, splits=None) -> pd.DataFrame:
     """Run each model in ``models`` with ``base``'s data settings on each split; return the ranked tidy table.
@@ -97,7 +110,7 @@ def compare_models(base: RunConfig, models: list[str], out_dir, overrides: dict[
             log(f"--- fitting {name} on the {label} split ({len(prep.train_idx)} training points)")
             cb = callback_factory(name) if callback_factory else None
             run_dir = execute_run(cfg, out / "runs" / split / name, callback=cb, prepared=prep, log=log)
-            t = pd.read_csv(run_dir / "metrics.csv")
+            t = rundir.read_metrics(run_dir)
             t.insert(0, "model", name)
             t.insert(1, "split", split)
             t.insert(2, "block_km", float(base.block_km) if split == "block" else np.nan)

@@ -1,7 +1,7 @@
 """Training on per-rank shards and distributed runs, on top of :mod:`gpcore.distributed`.
 
 :func:`fit_sharded` is ``model.fit`` where every rank passes only its own rows (data that does not
-fit one process); :func:`execute_run_distributed` is :func:`gpcore.runs.execute_run` under torchrun
+fit one process); :func:`execute_run_distributed` is :func:`gpcore.run.pipeline.execute_run` under torchrun
 (``python -m gpcore fit ... --distributed``). They live here, above the trainer, the models and the
 runs, so :mod:`gpcore.distributed` (the collectives the trainer and the models use) imports none of
 them and the package has no import cycle.
@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from gpcore.comm import comm_device as _comm_device
 from gpcore.distributed import (
     DistContext,
-    _comm_device,
     broadcast_module,
     check_supported,
     current,
@@ -27,8 +27,8 @@ from gpcore.distributed import (
 )
 from gpcore.errors import ConfigError, InputError
 from gpcore.models import as_1d_float, as_2d_float, as_weights, make_model
-from gpcore.runs import execute_run, prepare, run_model_settings
-from gpcore.train import train
+from gpcore.models.training import train
+from gpcore.run.pipeline import execute_run, prepare, run_model_settings
 
 # --------------------------------------------------------------------------------------------
 # fitting on per-rank shards
@@ -122,7 +122,7 @@ def fit_sharded(model, X, y, X_val=None, y_val=None, callback: Callable | None =
 
 
 def execute_run_distributed(cfg, out_dir, callback=None, log=None, overwrite: bool = False):
-    """:func:`gpcore.runs.execute_run` under torchrun: every rank loads the data and trains its shard
+    """:func:`gpcore.run.pipeline.execute_run` under torchrun: every rank loads the data and trains its shard
     of each global batch; rank 0 alone evaluates, predicts the grid and writes the run directory.
 
     Returns the run directory on rank 0 and ``None`` on the other ranks. The non-zero ranks make

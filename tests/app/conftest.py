@@ -26,7 +26,7 @@ def tiny_config(model: str = "dbk-rbf", seed: int = 0, **run):
 
 
 def make_run(store: Path, run_id: str, model: str = "dbk-rbf", seed: int = 0) -> Path:
-    from gpcore.runs import execute_run
+    from gpcore.run.pipeline import execute_run
 
     return execute_run(tiny_config(model, seed, label=f"{model} tiny"), store / run_id)
 

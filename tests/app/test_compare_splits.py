@@ -18,7 +18,7 @@ BLOCK_RUNS = {"20240101-000002-000-dbk-rbf-block": "dbk-rbf", "20240101-000003-0
 @pytest.fixture(scope="session")
 def split_store(trained_store, tmp_path_factory) -> Path:
     """The two random tiny runs plus the same models on 10 km spatial blocks (no grid: Compare needs none)."""
-    from gpcore.runs import execute_run
+    from gpcore.run.pipeline import execute_run
 
     store = tmp_path_factory.mktemp("split-runs")
     shutil.copytree(trained_store, store, dirs_exist_ok=True)
@@ -33,7 +33,7 @@ def use_store(src: Path, tmp_path, monkeypatch) -> Path:
     path = tmp_path / "runs"
     shutil.copytree(src, path)
     (tmp_path / "no-bundled").mkdir()
-    monkeypatch.setattr("gpcore.store.BUNDLED_RUNS", tmp_path / "no-bundled")
+    monkeypatch.setattr("gpcore.run.store.BUNDLED_RUNS", tmp_path / "no-bundled")
     monkeypatch.setenv("UA_RUN_STORE", str(path))
     monkeypatch.setenv("UA_TORCH_THREADS", "1")
     return path

@@ -23,7 +23,7 @@ def _rss_mb() -> float:
 
 def test_four_sessions_train_and_browse_without_cross_talk(store):
     from app import uploads
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     rss0 = _rss_mb()
     before = {r.run_id for r in RunStore().list()}

@@ -89,7 +89,7 @@ def test_second_run_side_by_side_keeps_its_pick(app, store):
     maps(app)
     app.toggle(key="w_side").set_value(True).run()
     no_exceptions(app)
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     taken = {app.sidebar.selectbox(key="w_sidebar_run").value, app.selectbox(key="w_maps_run2").value}
     pick = next(r.run_id for r in RunStore().list() if r.run_id not in taken)

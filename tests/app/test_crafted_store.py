@@ -83,7 +83,7 @@ def _render_all(at: AppTest, where: str) -> int:
 
 
 def test_every_page_renders_with_every_crafted_run_selected(crafted):
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     listed = {r.run_id for r in RunStore().list()}
     assert not any(n.endswith(tuple(MALFORMED)) for n in listed), "malformed runs are not listed"
@@ -105,7 +105,7 @@ def test_every_page_renders_with_every_crafted_run_selected(crafted):
 
 
 def test_compare_leaves_out_a_damaged_run_and_compares_the_rest(crafted):
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     bad = next(r.run_id for r in RunStore().list() if r.run_id.endswith("dmg-metrics-garbage"))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
@@ -119,7 +119,7 @@ def test_compare_leaves_out_a_damaged_run_and_compares_the_rest(crafted):
 
 
 def test_a_damaged_run_says_what_is_wrong(crafted):
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     run_id = next(r.run_id for r in RunStore().list() if r.run_id.endswith("dmg-grid-garbage"))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)

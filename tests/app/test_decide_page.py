@@ -158,7 +158,7 @@ def test_a_run_without_a_joint_posterior_keeps_the_page_and_says_why(app, store)
     """vecchia (and dbk-nn) give marginals only: the exceedance map still draws from them, and one note in place
     of the joint sections (areas, plausible maps, suggestions) says why, instead of the page failing."""
     from app.state import DatasetSpec
-    from gpcore.runs import execute_run
+    from gpcore.run.pipeline import execute_run
 
     run_id = "20240101-000002-000-vecchia"
     cfg = DatasetSpec().run_config(model="vecchia", settings={"epochs": 2, "neighbors": 8}, grid_cell_km=4.0,

@@ -79,7 +79,7 @@ def test_correlation_slice_is_one_at_the_reference(store):
 
 
 def test_a_short_training_run_completes_and_lands_in_the_store(app, store):
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     before = {r.run_id for r in RunStore().list()}
     app.run()
@@ -140,7 +140,7 @@ def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app,
     """dbk-nn trains in stages (DBK, the hybrid residual, the feature check's residual-only refit); the page's
     progress counts epochs 1, 2, ... across them, and the run lands in the store as a dbk-nn run. Unticking
     "feature check" skips the refit and the note."""
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     app.run()
     open_page(app, "train").run()

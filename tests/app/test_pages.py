@@ -24,7 +24,7 @@ def sidebar_text(at: AppTest) -> str:
 
 def n_runs(split: str | None = None) -> int:
     """Runs in the test store plus the bundled ready run(s) (only those tested on ``split``, if given)."""
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     return len([r for r in RunStore().list() if split in (None, r.manifest["config"].get("split", "random"))])
 
@@ -44,7 +44,7 @@ def test_every_page_renders_on_the_sample(app, store):
 
 def test_fresh_install_shows_a_ready_comparison(empty_store):
     """With an empty run store the bundled ready runs fill Maps and Compare, all on the default data set."""
-    from gpcore.store import RunStore
+    from gpcore.run.store import RunStore
 
     bundled = [r for r in RunStore().list() if r.bundled]
     models = {r.model for r in bundled}

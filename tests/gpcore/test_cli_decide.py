@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpcore.cli import load_run, main
+from gpcore.cli import main
 from gpcore.data import synthetic
 from gpcore.decide import exceedance, haversine_km
+from gpcore.run.store import load_run
 
 FAST = ["--set", "epochs=3", "--set", "rank=8", "--set", "hidden=8"]
 

@@ -60,7 +60,7 @@ def check(path: Path, *extra: str, command: str = "inspect") -> int:
     if rc == 2:
         assert err.strip().splitlines()[-1].startswith("error: "), err[-500:]
     if command == "fit" and rc == 0:  # a run written is a real run: valid manifest, finite model and metrics
-        from gpcore.store import load_run
+        from gpcore.run.store import load_run
 
         manifest, model = load_run(out)
         pred = model.predict(np.array([[-66.5, 18.2], [-66.0, 18.3]]))

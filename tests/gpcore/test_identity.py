@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpcore.identity import dataset_identity, file_digest
-from gpcore.runs import RunConfig
+from gpcore.run.config import RunConfig
 
 BASE = dict(data="sample:puerto_rico", y="download_mbps", model="dbk", transform="log10", quarter="2023",
             strata="county_metro")
@@ -57,19 +57,20 @@ def test_polygon_strata_are_identified_by_their_layer_content(tmp_path):
 def test_a_run_matches_its_data_set_when_floats_differ_by_one_ulp(tmp_path, monkeypatch):
     """Another CPU's log10 may round differently: the run must still be on the same data set."""
     import gpcore.data.transforms as T
-    from gpcore import runs
-    from gpcore.store import RunInfo
+    from gpcore.run import pipeline
+    from gpcore.run.store import RunInfo
 
     cfg = RunConfig(**BASE)
-    prep = runs.prepare(cfg)
+    prep = pipeline.prepare(cfg)
     log10 = T.TRANSFORMS["log10"]
     shifted = dataclasses.replace(log10, _forward=lambda y: np.nextafter(np.log10(y), np.inf))
     monkeypatch.setitem(T.TRANSFORMS, "log10", shifted)
-    other_cpu = runs.prepare(cfg)
+    other_cpu = pipeline.prepare(cfg)
     assert not np.array_equal(other_cpu.y, prep.y)
     assert other_cpu.data_hash == prep.data_hash
     # a manifest written by the older code (a float hash, no note) is matched by its configuration
-    old = RunInfo("old", tmp_path, {"config": cfg.to_dict(), "data": {"hash": runs.frame_hash(prep.X, prep.y)}}, False)
+    old = RunInfo("old", tmp_path, {"config": cfg.to_dict(), "data": {"hash": pipeline.frame_hash(prep.X, prep.y)}},
+                  False)
     assert old.data_hash == prep.data_hash
 
 

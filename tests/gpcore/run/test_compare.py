@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from gpcore.cli import main
-from gpcore.compare import compare_models, rank_within_splits, split_label, split_summary
 from gpcore.data.splits import block_ids
-from gpcore.runs import RunConfig
+from gpcore.run.compare import compare_models, rank_within_splits, split_label, split_summary
+from gpcore.run.config import RunConfig
 from tests.sample_files import write_speeds_csv
 
 FAST = ["--set", "epochs=2", "--set", "dbk-silu.rank=8", "--set", "dbk-silu.hidden=8", "--set", "batch_size=256",

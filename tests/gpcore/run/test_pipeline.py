@@ -12,7 +12,8 @@ import pytest
 
 from gpcore import DataError
 from gpcore.cli import main
-from gpcore.runs import NO_RECAL, RunConfig, execute_run, prepare
+from gpcore.run.config import RunConfig
+from gpcore.run.pipeline import NO_RECAL, execute_run, prepare
 from tests.sample_files import write_speeds_csv
 
 FAST = {"epochs": 2, "rank": 8, "hidden": 8, "batch_size": 256}

@@ -16,10 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpcore import make_model
+from gpcore.cli import TextProgress
+from gpcore.data.grid import ParquetGrid, RegularGrid, region_grid
 from gpcore.data.parquet_stream import ParquetSource, RowGroupDataset, shard_row_groups, write_parquet_in_row_groups
-from gpcore.predict_stream import ParquetGrid, RegularGrid, TextProgress, region_grid, stream_predict
+from gpcore.run.predict import stream_predict
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BBOX = (-95.0, -90.0, 36.5, 40.5)  # (W, E, S, N), Missouri-ish
 
 
@@ -33,7 +35,7 @@ def _env():
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A minimal run directory (model/ + run.json) of a small float32 DBK on log10 targets."""
-    from gpcore.runs import RunConfig
+    from gpcore.run.config import RunConfig
 
     rng = np.random.default_rng(0)
     X = np.column_stack([rng.uniform(BBOX[0], BBOX[1], 2000), rng.uniform(BBOX[2], BBOX[3], 2000)])
@@ -97,7 +99,7 @@ def test_million_cells_stay_under_2gb(run_dir, tmp_path):
 
 
 def test_streamed_values_match_model_predict(run_dir, tmp_path):
-    from gpcore.store import load_run
+    from gpcore.run.store import load_run
 
     _, model = load_run(run_dir)
     grid = RegularGrid.from_bounds(BBOX, cells=5000)
@@ -158,7 +160,7 @@ def test_parquet_grid_input_by_row_groups(run_dir, tmp_path):
 
 def test_state_mask_drops_cells_outside(run_dir, tmp_path):
     pytest.importorskip("gpcore.data.regions")
-    from gpcore.store import load_run
+    from gpcore.run.store import load_run
 
     _, model = load_run(run_dir)
     grid = region_grid("state:MO", cell_km=25)
@@ -246,12 +248,14 @@ def test_text_progress_when_not_a_terminal():
     assert 2 <= len(lines) <= 11 and "100.0%" in lines[-1]
 
 
-def test_parquet_grid_detects_columns(tmp_path):
+def test_parquet_grid_detects_columns(run_dir, tmp_path, capsys):
     from gpcore.errors import DataError
 
     p = write_parquet_in_row_groups(tmp_path / "g.parquet", {"longitude": np.ones(4), "latitude": np.ones(4)})
     g = ParquetGrid(p)
     assert g.x_cols == ("longitude", "latitude") and g.n_cells == 4
     p2 = write_parquet_in_row_groups(tmp_path / "h.parquet", {"a": np.ones(4), "b": np.ones(4)})
-    with pytest.raises(DataError, match="--x"):
+    with pytest.raises(DataError, match="x_cols"):  # the library names its keyword, never a CLI flag
         ParquetGrid(p2)
+    assert _predict_main(run_dir, "--grid", str(p2), "--out", str(tmp_path / "o.parquet"), "--no-progress") == 2
+    assert "--x" in capsys.readouterr().err  # the CLI names its flag

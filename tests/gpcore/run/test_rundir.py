@@ -18,12 +18,14 @@ import pytest
 
 from gpcore.cli import main
 from gpcore.errors import RunError, TrainingError
-from gpcore.runs import RunConfig, execute_run
-from gpcore.store import RunStore, read_manifest, validate_manifest
+from gpcore.run.config import RunConfig
+from gpcore.run.pipeline import execute_run
+from gpcore.run.rundir import read_manifest, validate_manifest
+from gpcore.run.store import RunStore
 from tests.sample_files import write_speeds_csv
 
 TINY = {"epochs": 2, "rank": 8, "hidden": 8, "batch_size": 256}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,7 @@ def test_history_and_manifest_are_strict_json(good_run):
 def test_nan_validation_never_counts_as_improved(monkeypatch):
     """The first epoch's NaN validation NLL used to count as 'improved' (best_state None) and be restored."""
     from gpcore import make_model
-    from gpcore import train as T
+    from gpcore.models import training as T
 
     rng = np.random.default_rng(0)
     X = rng.uniform(-1, 1, (120, 2))
@@ -210,7 +212,7 @@ def test_overwrite_never_replaces_a_folder_that_is_not_a_run(csv_file, tmp_path,
 
 
 def test_concurrent_run_ids_are_distinct(tmp_path):
-    from gpcore.runs import new_run_id
+    from gpcore.run.pipeline import new_run_id
 
     store = RunStore(tmp_path, include_bundled=False)
     cfg = RunConfig(data="sample:puerto_rico", y="download_mbps", model="dbk")
