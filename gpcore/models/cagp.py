@@ -206,16 +206,9 @@ class CaGP(GPModel):
 
     Cost (5.5, C1): one epoch is one full-batch step, i.e. the backward pass over the upper block
     triangle of ``K`` (the forward ``K S`` is reused from the previous validation pass) plus one
-    no-grad forward for the prediction caches and the validation predictions. Measured on n = 20,000,
-    d = 2, i = 256 in float32 on the shared 2-core CPU: about 3.3 s of CPU time per epoch (tiles on
-    one thread, ``cpu_threads=1``), so the 60-epoch cap is about 3.3 minutes; on the Missouri
-    Ookla sample (n = 18,047) early stopping ended a default fit after 30 epochs (best epoch 10) in
-    2.7 minutes of wall-clock time on the loaded machine (97 s of CPU time).
-
-    Measured choices (Missouri 2020Q4, log10 Mbps, 80/10/10 split, test NLL / RMSE in log10 units):
-    ``ordering="spatial"`` 0.806 / 0.542 (default, 30 epochs) against ``"random"`` 0.825 / 0.547
-    (stopped after 30 epochs; 0.811 / 0.545 after 150 epochs); ``noise_init`` 0.1 needed ~100
-    epochs to reach the validation NLL that 0.5 reaches in 10 on this noise-dominated target.
+    no-grad forward for the prediction caches and the validation predictions. The cost per epoch, the
+    block ordering and the initial noise were chosen by measurement: docs/benchmarks/settings.md
+    ("cagp").
     """
 
     Config = CaGPConfig

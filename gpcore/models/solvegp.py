@@ -161,12 +161,8 @@ class SolveGP(SolveGPBounds, GPModel):
     ------------------------------------------
     * Paper (6.9): Matérn-3/2, one shared lengthscale, ``M = M2 = 1024``, Adam lr 0.01, 100 epochs,
       batch 1024, learned noise, q initialised to the prior, unwhitened.
-    * gpcore default: the same with ``M = M2 = 192``. Measured on the 2-D use case (Missouri mobile
-      speeds, 18k training points scaled to ``[-1, 1]^2``, batch 1024 = 18 steps per epoch plus
-      validation), float32, CPU time of one thread per epoch: ``M = M2 = 128``: 0.8 s, ``192``: 1.35 s,
-      ``256``: 2.0 s. A default 100-epoch fit therefore takes at most about 2.3 minutes even on one
-      core (less on two, and early stopping usually ends it sooner); ``256`` would need about
-      3.5 minutes on one core.
+    * gpcore default: the same with ``M = M2 = 192``, chosen by the cost per epoch on the 2-D use case
+      (docs/benchmarks/settings.md, "solvegp").
     * Not stated by the paper for the regression runs, chosen here: noise initialised to 1.0
       (standardised units; the GPflow default — the Snelson runs used 0.1, which on noisy data gives
       a long transient while the noise grows), lengthscale 0.5 on the ``[-1, 1]`` box, outputscale 1,

@@ -26,12 +26,12 @@ predecessors: brute force for the first points, then KD-tree queries of growing 
 predecessors. Ordering and neighbours are computed once per fit on the scaled inputs (they do not
 follow the learned ARD lengthscales).
 
-Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by Adam on the full
-Vecchia likelihood through :mod:`gpcore.train` (``full_batch``: one step per epoch, early stopping on
+Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's optimiser on the full
+Vecchia likelihood through :mod:`gpcore.models.training` (``full_batch``: one step per epoch, early stopping on
 validation NLL when a validation set is given). The backward pass runs chunk by chunk (``_step``),
 so memory is bounded by one chunk whatever ``n`` is. The lengthscales start at the neighbourhood
-radius (``lengthscale_init=0``: the median distance to the m-th nearest predecessor). No L-BFGS yet:
-the shared loop builds AdamW.
+radius (``lengthscale_init=0``: the median distance to the m-th nearest predecessor). The optimiser is
+the config's ``optimizer`` (L-BFGS by default, one strong-Wolfe iteration per epoch; or AdamW).
 
 Prediction: each new point conditions on its ``pred_neighbors`` (default ``neighbors``) nearest
 training points: ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN +
@@ -176,11 +176,10 @@ class VecchiaConfig(BaseConfig):
     """Vecchia GP settings.
 
     Reference settings (GPBoost / GpGp practice; the issue-13 comparison): Matérn-3/2, m = 30
-    neighbours, maxmin ordering, hyperparameters by maximum likelihood. Default: Matérn-1/2 (measured
-    better on all five data sets of the README's benchmarks: test NLL Puerto Rico 0.6326 against 0.6337,
-    Missouri 0.7209 / 0.7284, California -0.9475 / -0.9272, Turkey 0.6272 / 0.6335, and on the Heaton gaps
-    CRPS 0.436 at 95.0 % coverage against 0.485 at 97.3 %), m = 30, maxmin, full-batch L-BFGS with early
-    stopping on validation NLL, prediction from the same m nearest training points (GPBoost predicts from
+    neighbours, maxmin ordering, hyperparameters by maximum likelihood. Default: Matérn-1/2 (better test
+    NLL than Matérn-3/2 on every data set measured, docs/benchmarks/settings.md), m = 30, maxmin,
+    full-batch L-BFGS with early stopping on validation NLL, prediction from the same m nearest training
+    points (GPBoost predicts from
     2m by default: set ``pred_neighbors=60``).
     """
 
@@ -340,9 +339,8 @@ class VecchiaGP(GPModel):
 
     def _init_lengthscale(self, mod: VecchiaModule) -> None:
         """The initial lengthscale: ``lengthscale_init``, or with 0 (auto) the neighbourhood radius (median
-        distance to the m-th nearest predecessor over the second half of the ordering); Puerto Rico 2023: 0.017
-        against a learned 0.008-0.018, where a fixed 0.3 left 100 Adam steps short of convergence (test NLL
-        0.792 vs 0.788 from 0.03)."""
+        distance to the m-th nearest predecessor over the second half of the ordering). Why not a fixed value:
+        docs/benchmarks/settings.md ("the automatic initial lengthscale")."""
         n, m = mod.nbr.shape
         init = self.config.lengthscale_init or 0.3
         if self.config.lengthscale_init == 0 and n > m > 0:
