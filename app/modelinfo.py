@@ -1,4 +1,4 @@
-"""What to say next to a PI map: how each method's uncertainty behaves (docs/app.md; per-method detail in docs/methods/).
+"""What to say next to a PI map: how each method's uncertainty behaves (docs/app.md; each method: docs/methods/).
 
 A model class may carry its own ``uncertainty_note`` (a ClassVar string); otherwise the note is
 looked up here by registry family, and finally the registry description is shown. New models

@@ -34,15 +34,15 @@ def render_sidebar(data) -> list:
     """Draw the sidebar with the one run picker (the active run of Maps, Decide and Export); returns the run
     list, which the pages get as an argument."""
     from gpcore.device import describe_device
-    from gpcore.store import default_store_dir
+    from gpcore.run.store import default_store_dir
 
     runs, skipped = cache.list_runs_checked()
     ids = [r.run_id for r in runs]
     v = state.view()
     if v.run not in ids:
         state.update(run=choose_default_run(runs, data.data_hash))
-    if v.run2 not in ids:
-        state.update(run2=None)
+    if v.run2 is not None and v.run2 not in ids:  # a deleted run, or a link naming one: one map again
+        state.update(run2=None, side=False)
     with st.sidebar:
         st.markdown("### Uncertainty Atlas")
         st.markdown("**Data set**")

@@ -71,8 +71,8 @@ class DatasetSpec:
 
     # ------------------------------------------------------------------ gpcore
     def run_config(self, model: str = "dbk", settings: dict | None = None, **run) -> object:
-        """The :class:`gpcore.runs.RunConfig` of a run on this data set."""
-        from gpcore.runs import RunConfig
+        """The :class:`gpcore.run.config.RunConfig` of a run on this data set."""
+        from gpcore.run.config import RunConfig
 
         fields = dict(
             data=self.source if self.sample_key else str(source_path(self.source)),
@@ -301,8 +301,7 @@ def update(**changes: Any) -> None:
 
 def take(name: str) -> Any:
     """Read a field and reset it to its default (messages shown once)."""
-    value = st.session_state.pop(session_key(name), _default(FIELDS[name]))
-    return value
+    return st.session_state.pop(session_key(name), _default(FIELDS[name]))
 
 
 def dataset() -> DatasetSpec:
