@@ -46,7 +46,8 @@ def open_run(run_dir, device: str | None = None) -> StoredRun:
 
     manifest, model = load_run(run_dir, device=device)
     grid = rundir.read_grid_frame(run_dir, manifest)
-    return StoredRun(Path(run_dir), manifest, model, grid, get_transform(manifest["config"].get("transform")))
+    transform = get_transform(manifest["config"].get("transform", "identity"))
+    return StoredRun(Path(run_dir), manifest, model, grid, transform)
 
 
 def run_grid(run_dir, rebuild: bool = False):

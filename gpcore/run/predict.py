@@ -1,4 +1,5 @@
-"""Prediction columns of a run, and streamed prediction over any number of cells with bounded memory.
+"""Prediction columns of a run, kernel slices over its grid, and streamed prediction over any number of cells
+with bounded memory.
 
 :func:`grid_predictions` defines the columns of a run's ``grid.parquet``: ``cell_id, lon, lat, mean_t, sd_t,
 width_t, mean, lower, upper, width, sd`` (model space ``_t``; the others back-transformed to the data's units).

@@ -1,4 +1,4 @@
-"""Metrics against scipy / numerical integration (ALGORITHMS.md 9.7)."""
+"""Metrics against scipy / numerical integration (docs/metrics.md §7.2)."""
 
 from __future__ import annotations
 
