@@ -273,7 +273,7 @@ def apptest(store: Path, run_id: str, repeats: int) -> dict:
     from streamlit.runtime.scriptrunner.script_cache import ScriptCache
     from streamlit.testing.v1 import AppTest
 
-    from tests.app.conftest import click_grid, gridmaps
+    from tests.app.conftest import click_grid, gridmaps, open_page
 
     # A running server compiles each page once (its ScriptCache lives as long as the server);
     # AppTest makes a new cache per run. Share one, so the timing is the server's per-rerun work.
@@ -283,7 +283,7 @@ def apptest(store: Path, run_id: str, repeats: int) -> dict:
     at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=600)
     at.query_params["run"] = run_id
     at.run()
-    at.switch_page("app_pages/maps.py").run()
+    open_page(at, "maps").run()
     grid = pd.read_parquet(store / run_id / "grid.parquet")
     rng = np.random.default_rng(1)
     pick_key = f"pick_{run_id}"
