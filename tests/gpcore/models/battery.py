@@ -64,7 +64,7 @@ class ModelBattery:
         assert nll == pytest.approx(fitted.train_info_["best_val_nll"], rel=1e-8, abs=1e-10)
 
     def test_weight_decay_only_on_the_backbone(self, fitted):
-        """ALGORITHMS.md 2.10 / D5: AdamW decays the backbone (input projection, residual blocks, norms)
+        """docs/methods/dbk.md §2.11, erratum D5: AdamW decays the backbone (input projection, residual blocks, norms)
         and nothing else: kernel, inducing, variational, noise and mean parameters have no decay."""
         from gpcore.models.training import Performance, _make_optimizer
 

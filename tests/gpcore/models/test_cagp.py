@@ -1,4 +1,4 @@
-"""CaGP (ALGORITHMS.md 5, 9.5, errata C1–C5) against dense float64 oracles and the exact GP."""
+"""CaGP (docs/methods/cagp.md §5, §9.5, errata C1–C5) against dense float64 oracles and the exact GP."""
 
 from __future__ import annotations
 

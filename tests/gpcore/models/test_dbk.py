@@ -1,4 +1,4 @@
-"""DBK against dense float64 oracles (ALGORITHMS.md 9.2)."""
+"""DBK against dense float64 oracles (docs/methods/dbk.md §9.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DBK-dPPGP on the DBK paper's 1-D heteroscedastic toy (ALGORITHMS.md 2.11, erratum D1).
+"""DBK-dPPGP on the DBK paper's 1-D heteroscedastic toy (docs/methods/dbk.md §2.11, erratum D1).
 
 The exact RBF GP has one noise level for the whole line, so it over-covers where the true noise
 is small and under-covers where it is large; dPPGP learns input-dependent variance. The test

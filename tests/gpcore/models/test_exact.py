@@ -1,4 +1,4 @@
-"""The exact-GP oracle against an independent numpy/scipy implementation (ALGORITHMS.md 9.1)."""
+"""The exact-GP oracle against an independent numpy/scipy implementation (docs/methods/common.md §9.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SoftKI (ALGORITHMS.md 4, properties 9.4, errata S1–S8) against dense float64 oracles."""
+"""SoftKI (docs/methods/softki.md §4, §9.4, errata S1–S8) against dense float64 oracles."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_posterior_mean_and_variance_equal_the_dense_degenerate_gp():
     m_ref, v_ref = dense_degenerate_posterior(softmax_weights(X, Z, 0.5), softmax_weights(Xt, Z, 0.5), Kzz, s2, y)
     torch.testing.assert_close(mean, m_ref, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(var, v_ref, rtol=1e-7, atol=1e-10)
-    # the prior kernel is w(x)^T Kzz w(x') (ALGORITHMS.md 4.1)
+    # the prior kernel is w(x)^T Kzz w(x') (docs/methods/softki.md §4.1)
     Wt = softmax_weights(Xt, Z, 0.5)
     torch.testing.assert_close(model._kernel_s(Xt, Xt[:4]), Wt @ Kzz @ Wt[:4].T, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(model._kernel_diag_s(Xt), (Wt @ Kzz @ Wt.T).diagonal(), rtol=1e-10, atol=1e-12)

@@ -1,4 +1,4 @@
-"""SOLVE-GP (ALGORITHMS.md section 6) against dense float64 oracles: every property of section 9.6.
+"""SOLVE-GP (docs/methods/solvegp.md §6) against dense float64 oracles: every property of §9.6.
 
 The oracles below are written independently of the model code: a NumPy Matérn-3/2 kernel, dense
 inverses and N x N matrices, ``torch.distributions`` KLs, and the exact-GP model

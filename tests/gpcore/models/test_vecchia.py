@@ -1,5 +1,5 @@
 """Vecchia GP: exact at m = n - 1 against dense oracles, convergence in m, ordering and neighbours
-against brute force, and the shared battery (ALGORITHMS.md 1.2 for the exact GP it approximates)."""
+against brute force, and the shared battery (docs/methods/common.md §1.2 for the exact GP it approximates)."""
 
 from __future__ import annotations
 
