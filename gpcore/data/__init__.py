@@ -19,7 +19,7 @@ Parts
 * strata: :func:`assign_strata` (a column, a polygon layer, or the bundled county metro / non-metro split);
 * grids: :func:`make_grid` (square km cells or quadkey tiles), :func:`region_from_data`, :func:`state_boundary`;
 * exports: :func:`export_predictions` (GeoTIFF, GeoJSON, GeoPackage, CSV, Parquet);
-* bundled data: :data:`SAMPLES`, :func:`sample_path`, :func:`load_sample`, :mod:`~gpcore.data.synthetic`;
+* bundled data: :data:`SAMPLES`, :func:`sample_path`, :func:`resolve_data`, :func:`load_sample`, :mod:`~gpcore.data.synthetic`;
 * large tables: :class:`gpcore.data.parquet_stream.ParquetSource` (batches / per-rank shards of a Parquet file);
 * ``python -m gpcore data inspect FILE``: :mod:`gpcore.data.inspect`.
 
@@ -42,7 +42,7 @@ from gpcore.data.regions import (
     state_boundary,
 )
 from gpcore.data.report import Dropped, ReadReport
-from gpcore.data.samples import OOKLA_ATTRIBUTION, SAMPLES, SampleInfo, load_sample, sample_path
+from gpcore.data.samples import OOKLA_ATTRIBUTION, SAMPLES, SampleInfo, load_sample, resolve_data, sample_path
 from gpcore.data.splits import block_ids, block_split, random_split
 from gpcore.data.strata import COUNTY_METRO_LABEL, STRATA_SOURCES, assign_strata, strata_counts
 from gpcore.data.transforms import TRANSFORMS, TargetTransform, get_transform
@@ -79,6 +79,7 @@ __all__ = [
     "read_polygons",
     "region_from_data",
     "resolve_region",
+    "resolve_data",
     "sample_path",
     "state_bbox",
     "state_boundary",

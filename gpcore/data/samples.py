@@ -104,6 +104,16 @@ def sample_path(key: str) -> Path:
     return bundled_path(_info(key).file)
 
 
+def resolve_data(data: str) -> str:
+    """The file behind a data argument: ``sample:<key>`` names a bundled sample (:data:`SAMPLES`), anything
+    else is a path and comes back unchanged.
+
+    >>> resolve_data("my_points.csv")
+    'my_points.csv'
+    """
+    return str(sample_path(data.split(":", 1)[1])) if data.startswith("sample:") else data
+
+
 def load_sample(key: str, quarter: str | None = None, **options) -> gpd.GeoDataFrame:
     """Read a bundled sample with :func:`read_measurements` and its defaults.
 

@@ -90,7 +90,7 @@ def predict_points(run_dir, data: str, *, quarter: str | None = None, allow_drop
     from gpcore.run.store import load_run
 
     manifest, model = load_run(run_dir)
-    gdf = D.read_measurements(data, quarter=quarter, allow_drop=allow_drop)
+    gdf = D.read_measurements(D.resolve_data(data), quarter=quarter, allow_drop=allow_drop)
     if "cell_id" not in gdf.columns:
         gdf["cell_id"] = range(len(gdf))
     return grid_predictions(model, gdf, D.get_transform(manifest["config"].get("transform", "identity")))

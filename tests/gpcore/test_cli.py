@@ -102,3 +102,15 @@ def test_module_entry_point_exit_code(tmp_path):
     assert proc.returncode == 2 and "empty.csv" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "gpcore", "models"], capture_output=True, text=True)
     assert proc.returncode == 0 and "dbk-rbf" in proc.stdout
+
+
+def test_predict_and_evaluate_take_bundled_samples(run_dir, tmp_path, capsys):
+    """`--data sample:<key>` works for predict and evaluate as it does for fit (it used to be read as a path)."""
+    out = tmp_path / "pred.parquet"
+    assert main(["predict", str(run_dir), "--data", "sample:synthetic", "--out", str(out)]) == 0
+    assert len(pd.read_parquet(out)) > 0
+    capsys.readouterr()
+    assert main(["evaluate", str(run_dir), "--data", "sample:synthetic"]) == 0
+    assert "coverage" in capsys.readouterr().out
+    assert main(["predict", str(run_dir), "--data", "sample:nope", "--out", str(out)]) == 2
+    assert "no sample data set 'nope'" in capsys.readouterr().err
