@@ -188,7 +188,7 @@ class TextProgress:
 
     def line(self) -> str:
         el = time.perf_counter() - self.t0
-        frac = self.done / self.total if self.total else 1.0
+        frac = min(self.done / self.total, 1.0) if self.total else 1.0
         rate = self.done / el if el > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta_s = f"ETA {eta:.0f}s" if math.isfinite(eta) else "ETA ?"

@@ -19,7 +19,8 @@ Parts
 * strata: :func:`assign_strata` (a column, a polygon layer, or the bundled county metro / non-metro split);
 * grids: :func:`make_grid` (square km cells or quadkey tiles), :func:`region_from_data`, :func:`state_boundary`;
 * exports: :func:`export_predictions` (GeoTIFF, GeoJSON, GeoPackage, CSV, Parquet);
-* bundled data: :data:`SAMPLES`, :func:`sample_path`, :func:`resolve_data`, :func:`load_sample`, :mod:`~gpcore.data.synthetic`;
+* bundled data: :data:`SAMPLES`, :func:`sample_path`, :func:`resolve_data`, :func:`load_sample`,
+  :mod:`~gpcore.data.synthetic`;
 * large tables: :class:`gpcore.data.parquet_stream.ParquetSource` (batches / per-rank shards of a Parquet file);
 * ``python -m gpcore data inspect FILE``: :mod:`gpcore.data.inspect`.
 

@@ -371,6 +371,11 @@ class RegularGrid:
         for k in range(rank, self.n_chunks(batch_size), world):
             yield self.chunk(k, batch_size)
 
+    def rank_cells(self, batch_size: int, rank: int = 0, world: int = 1) -> int:
+        """How many cells :meth:`chunks` hands ``rank`` (whole raster rows per chunk, chunks round-robin)."""
+        R = self.rows_per_batch(batch_size)
+        return self.nx * sum(min(R, self.ny - k * R) for k in range(rank, self.n_chunks(batch_size), world))
+
 
 class ParquetGrid:
     """Cells from a Parquet file (``cell_id`` optional, coordinates ``x_cols``), read by row groups."""

@@ -442,8 +442,8 @@ def evaluate_run(run_dir, data: str, *, quarter: str | None = None, strata: str 
 
     manifest, model = load_run(run_dir)
     cfg = RunConfig.from_dict(manifest["config"])
-    gdf = D.read_measurements(D.resolve_data(data), target=cfg.y, transform=cfg.transform, quarter=quarter, allow_drop=allow_drop,
-                              weight=cfg.weight)
+    gdf = D.read_measurements(D.resolve_data(data), target=cfg.y, transform=cfg.transform, quarter=quarter,
+                              allow_drop=allow_drop, weight=cfg.weight)
     gdf = apply_strata(gdf, strata or cfg.strata, manifest["data"].get("state"))
     y = D.get_transform(cfg.transform).forward(gdf[cfg.y].to_numpy(float))
     groups = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None

@@ -103,6 +103,18 @@ def predict_columns(model, chunk, transform, level: float = 0.95) -> dict[str, n
     return {c: out[c].to_numpy() for c in out.columns}
 
 
+def rank_cells(total: int, batch_size: int, rank: int, world: int) -> int:
+    """Cells that ``rank`` predicts when batches of ``batch_size`` rows go round-robin over ``world`` ranks (batch
+    ``k`` to rank ``k mod world``; the last batch may be short): the progress total of a source that cannot count
+    its own chunks (a grid source with ``rank_cells`` counts them exactly).
+
+    >>> rank_cells(10, 3, 0, 2), rank_cells(10, 3, 1, 2)
+    (6, 4)
+    """
+    n_batches = -(-total // batch_size)
+    return sum(min(batch_size, total - k * batch_size) for k in range(rank, n_batches, world))
+
+
 @dataclass
 class StreamResult:
     path: Path
@@ -139,8 +151,9 @@ def stream_predict(model, source, sink, transform=None, *, batch_size: int = DEF
     total = source.n_cells
     bar = _Silent()
     if progress and rank == 0:
-        bar = progress((total + world - 1) // world if world > 1 else total,
-                       "cells" if world == 1 else f"cells (rank 0 of {world})")
+        count = getattr(source, "rank_cells", None)  # exact where the source knows its chunks (RegularGrid)
+        share = count(batch_size, 0, world) if count else rank_cells(total, batch_size, 0, world)
+        bar = progress(share, "cells" if world == 1 else f"cells (rank 0 of {world})")
     if world == 1:
         complete = False
         try:

@@ -259,3 +259,18 @@ def test_parquet_grid_detects_columns(run_dir, tmp_path, capsys):
         ParquetGrid(p2)
     assert _predict_main(run_dir, "--grid", str(p2), "--out", str(tmp_path / "o.parquet"), "--no-progress") == 2
     assert "--x" in capsys.readouterr().err  # the CLI names its flag
+
+
+def test_rank_cells_counts_what_each_rank_streams():
+    """The progress bar's total on rank 0 is the cells rank 0 really predicts (it was ceil(total / world), so a
+    bar could pass 100 %): checked against the chunks a grid hands each rank."""
+    from gpcore.data.grid import region_grid
+    from gpcore.run.predict import rank_cells
+
+    grid = region_grid("bbox:-67.3,-65.6,17.9,18.5", cells=1000)
+    for batch, world in ((64, 2), (100, 3), (5000, 2), (7, 4)):
+        counts = [sum(len(c.cell_id) for c in grid.chunks(batch, r, world)) for r in range(world)]
+        assert counts == [grid.rank_cells(batch, r, world) for r in range(world)]
+        assert sum(counts) == grid.n_cells
+    # a source of fixed-size batches (Parquet row batches)
+    assert [rank_cells(10, 3, r, 2) for r in range(2)] == [6, 4] and rank_cells(10, 3, 0, 1) == 10
