@@ -446,7 +446,7 @@ def st_area_labels(path: str, stamp: float, source: str) -> np.ndarray:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def st_joint_unavailable(path: str, stamp: float) -> str | None:
-    """Why the run's model has no joint posterior (vecchia, dbk-nn), or None when it has one."""
+    """Why the run's model has no joint posterior, or None when it has one (every registered model has one)."""
     from gpcore.posterior import joint_unavailable
 
     return joint_unavailable(st_model(path, stamp))

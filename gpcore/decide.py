@@ -1,29 +1,29 @@
 """Decisions from the joint posterior: exceedance maps, areal posteriors, plausible maps, where to measure next.
 
-Everything builds on :class:`gpcore.posterior.JointPosterior` (the feature form of every model).
+Everything builds on the joint posterior (:func:`gpcore.posterior.joint_posterior`; docs/decide.md): the feature
+form of most models, the joint Vecchia prediction of ``vecchia`` and ``dbk-nn``.
 
-* :func:`exceedance` — ``P(f(x) < t)`` and ``P(y(x) < t)`` per place; a threshold in the target's original
-  units goes through the (monotone) target transform: ``P(Y < t) = P(f < forward(t))``.
-* :func:`area_posteriors` — for areas (polygons, a strata column) the posterior of the weighted mean of
-  f over the places inside each: mean, sd, interval and ``P(area mean < t)``, exact in model space
-  (for a log10 target, 10 to that mean is the *geometric* mean of speeds); optionally the arithmetic
-  mean in original units by joint samples (``samples`` column says how many).
+* :func:`exceedance` — ``P(f(x) < t)`` and ``P(y(x) < t)`` per place; a threshold in original units goes
+  through the (monotone) target transform: ``P(Y < t) = P(f < forward(t))``.
+* :func:`area_posteriors` — per area the posterior of the weighted mean of f over its places: mean, sd,
+  interval, ``P(area mean < t)``, exact in model space (log10 target: the *geometric* mean of speeds);
+  optionally the arithmetic mean in original units by joint samples.
 * :func:`plausible_maps` — seeded joint samples over a grid.
-* :func:`suggest` — greedy batch selection of ``k`` new measurement sites among candidates that most
-  reduce the integrated (weighted mean) posterior variance of f over a target set, with a rank-one
-  update after each pick and optional minimum spacing. Two engines: ``"features"`` works in the
-  feature form (exact for DBK and SoftKI; with a residual, the residual enters through ``D`` random
-  pathwise features and the reductions carry Monte-Carlo error ~``1/sqrt(D)``), ``"dense"`` on the
-  ``n_T x n_C`` target-candidate covariance (exact for every model; small sets). ``"auto"`` takes the
-  dense engine when a residual exists and ``n_T n_C <= DENSE_MAX``.
+* :func:`suggest` — greedy batch of ``k`` sites among candidates that most reduce the weighted mean posterior
+  variance of f over a target set (rank-one update per pick, optional spacing). Engines: ``"features"`` (the
+  feature form; a residual enters through ``D`` random pathwise features, Monte-Carlo error ~``1/sqrt(D)``),
+  ``"dense"`` (the ``n_T x n_C`` covariance; exact, small sets; ``"auto"`` takes it with a residual and
+  ``n_T n_C <= DENSE_MAX``), ``"vecchia"`` (the Vecchia family, always: ``D`` Monte-Carlo columns of the joint
+  factor plus the exact low-rank part).
 
-Cost (``n_C`` candidates, ``n_T`` targets, ``p`` features, ``k`` picks): features engine
-``O((n_T + n_C) p^2 + k (n_C p + p^2))``; dense engine ``O(n_T n_C (p + kernel) + k (n_T + n_C) k)``;
-areas ``O(n p q)`` plus ``O(n_a^2)`` per area with a residual; exceedance ``O(n p^2)`` (prediction).
+Cost (``n_C`` candidates, ``n_T`` targets, ``p`` features, ``k`` picks): features ``O((n_T + n_C) p^2 + k (n_C p +
+p^2))``; dense ``O(n_T n_C (p + kernel) + k (n_T + n_C) k)``; areas ``O(n p q)`` plus ``O(n_a^2)`` per area with a
+residual; Vecchia family ``O(n (m_t + m_p)^3)`` once per set of places, then ``O(n m_p)`` per sample or area.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from gpcore.errors import DataError, InputError
-from gpcore.posterior import CHUNK, JointPosterior, _rff_eval, rff_frequencies
+from gpcore.posterior import CHUNK, JointPosterior, VecchiaJointPosterior, _rff_eval, joint_posterior, rff_frequencies
 
 #: the dense suggestion engine's largest target x candidate matrix
 DENSE_MAX = 4_000_000
@@ -57,12 +57,9 @@ def joint_caveat(model) -> str | None:
     """A note for models trained on a predictive (per-point marginal) objective, else ``None``.
 
     dPPGP (DBK's default) and PPGP fit ``q(w)`` through the marginal predictive likelihood of single
-    points; the correlations ``q`` implies between places are constrained only by the small KL term.
-    On the Puerto Rico DBK-RBF ready run (as bundled at commit ed5270a) the latent errors of all cells are
-    correlated at ~0.99,
-    so areal sds barely shrink with the area's size and one new measurement "explains" most of the
-    variance everywhere. Exact-posterior (``dbk-mml``, ``exact``) and ELBO models (``svgp``, ``solvegp``)
-    carry a joint posterior fitted to all the data.
+    points; the correlations ``q`` implies between places are constrained only by the small KL term, so
+    areal sds can barely shrink with an area's size (docs/decide.md). Exact-posterior (``dbk-mml``, ``exact``),
+    ELBO models (``svgp``, ``solvegp``) and the Vecchia family carry a joint posterior fitted to all the data.
     """
     obj = getattr(getattr(model, "config", None), "objective", None)
     if obj not in ("dppgp", "ppgp"):
@@ -72,13 +69,13 @@ def joint_caveat(model) -> str | None:
             "are only weakly constrained; compare with dbk-mml or svgp before acting on joint quantities")
 
 
-def _posterior(model_or_post) -> JointPosterior:
-    return model_or_post if isinstance(model_or_post, JointPosterior) else JointPosterior(model_or_post)
+def _posterior(model_or_post) -> JointPosterior | VecchiaJointPosterior:
+    if isinstance(model_or_post, (JointPosterior, VecchiaJointPosterior)):
+        return model_or_post
+    return joint_posterior(model_or_post)
 
 
-# --------------------------------------------------------------------------------------------
-# thresholds and exceedance
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- thresholds and exceedance
 
 
 def model_threshold(threshold: float, units: str = "model", transform="identity") -> float:
@@ -145,9 +142,7 @@ def grid_prediction(grid, noise_variance: float, var_scale: float = 1.0):
     return Prediction(mean=mean, var_f=np.maximum(var_y / var_scale - float(noise_variance), 0.0), var_y=var_y)
 
 
-# --------------------------------------------------------------------------------------------
-# areas
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- areas
 
 
 def bundled_counties(state: str | None = None):
@@ -273,9 +268,7 @@ def area_posteriors(model, X, labels, *, weights=None, threshold: float | None =
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# plausible maps
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- plausible maps
 
 
 def plausible_maps(model, X, n: int = 4, seed: int = 0, num_features: int = 512) -> np.ndarray:
@@ -283,9 +276,7 @@ def plausible_maps(model, X, n: int = 4, seed: int = 0, num_features: int = 512)
     return _posterior(model).sample(X, n, seed=seed, num_features=num_features)
 
 
-# --------------------------------------------------------------------------------------------
-# where to measure next
-# --------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- where to measure next
 
 
 @dataclass
@@ -340,6 +331,8 @@ def suggest(model, candidates, targets=None, k: int = 10, *, target_weights=None
         raise InputError(f"engine={engine!r} is not allowed; use auto, features or dense")
     if engine == "auto":
         engine = "dense" if jp.has_residual and n_t * n_c <= DENSE_MAX else "features"
+    if isinstance(jp, VecchiaJointPosterior):
+        engine = "vecchia"  # the joint Vecchia factor: Monte-Carlo columns plus the exact low-rank part
     if engine == "dense" and n_t * n_c > DENSE_MAX:
         raise InputError(f"the dense engine needs n_targets x n_candidates <= {DENSE_MAX:,} "
                          f"(got {n_t:,} x {n_c:,}); use engine='features' or fewer places")
@@ -348,7 +341,7 @@ def suggest(model, candidates, targets=None, k: int = 10, *, target_weights=None
         raise InputError("min_km needs (lon, lat) candidates")
     Xcs = jp.model.scale_x(Xc)
     Xts = Xcs if targets is None else jp.model.scale_x(Xt)  # the same tensor: features computed once
-    run = _greedy_dense if engine == "dense" else _greedy_features
+    run = {"dense": _greedy_dense, "features": _greedy_features, "vecchia": _greedy_vecchia}[engine]
     res = run(jp, Xcs, Xts, torch.as_tensor(wt), int(k), s2, Xc, float(min_km), residual_features, seed)
     sc2 = jp.scale**2
     res.reduction = res.reduction * sc2
@@ -407,6 +400,27 @@ def _greedy_features(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion
         Pc = torch.cat([Pc, xi(Xcs, Pc)], 1)
         Pt = Pc if same else torch.cat([Pt, xi(Xts, Pt)], 1)
         S = torch.block_diag(S, torch.eye(D, dtype=torch.float64))
+    res = _greedy_lowrank(Pc, Pt, S, v_c, v_t, same, wt, k, s2, Xc, min_km, "features")
+    res.weight_cov = None if jp.has_residual else res.weight_cov  # only a pure weight covariance is kept
+    return res
+
+
+def _greedy_vecchia(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion:
+    """Vecchia family: ``Cov ~= G G^T`` with ``G`` from the joint Vecchia factor over candidates and targets together
+    (``D`` Monte-Carlo columns, the low-rank part exactly); marginal variances from the model's predictions."""
+    same = Xts is Xcs
+    G = jp.lowrank_s(Xcs if same else torch.cat([Xcs, Xts]), D, seed)
+    Pc, Pt = G[: Xcs.shape[0]], (G if same else G[Xcs.shape[0]:])
+    with torch.no_grad():
+        v_c = jp.model.predict_scaled(Xcs)[1].double()
+        v_t = v_c if same else jp.model.predict_scaled(Xts)[1].double()
+    eye = torch.eye(G.shape[1], dtype=torch.float64)
+    return dataclasses.replace(_greedy_lowrank(Pc, Pt, eye, v_c, v_t, same, wt, k, s2, Xc, min_km, "vecchia"),
+                               weight_cov=None)
+
+
+def _greedy_lowrank(Pc, Pt, S, v_c, v_t, same, wt, k, s2, Xc, min_km, engine) -> Suggestion:
+    """Greedy picks for ``Cov = P S P^T`` (candidates ``Pc``, targets ``Pt``), rank-one updates of ``S``."""
     G = Pt.T @ (Pt * wt[:, None])
     U = Pc @ S
     den = (U * Pc).sum(1) + s2
@@ -440,8 +454,7 @@ def _greedy_features(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion
             allowed &= ~torch.as_tensor(_spacing_mask(Xc, c, min_km))
     var_t = (v_t - dec_t).clamp_min(0.0)
     return Suggestion(np.asarray(picks, dtype=np.int64), np.asarray(reds), float(wt @ v_t), float(wt @ var_t),
-                      var_t.numpy(), (v_c - dec_c).clamp_min(0.0).numpy(), "features",
-                      S if not jp.has_residual else None)
+                      var_t.numpy(), (v_c - dec_c).clamp_min(0.0).numpy(), engine, S)
 
 
 def _greedy_dense(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion:

@@ -50,12 +50,10 @@ import torch
 
 from gpcore.errors import InputError
 from gpcore.models import as_2d_float
-from gpcore.models.features import FeatureForm, Residual
+from gpcore.models.features import CHUNK, FeatureForm, Residual
 
 #: random Fourier features per residual sample (the sample covariance is unbiased for any D)
 DEFAULT_RFF = 512
-#: rows per chunk when computing features
-CHUNK = 4096
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,29 +142,20 @@ class JointPosterior:
     def features_s(self, Xs: torch.Tensor) -> torch.Tensor:
         """``psi`` (``n x p``, float64) for scaled inputs, in chunks."""
         self.model.module_.eval()
-        if Xs.shape[0] == 0:
-            return torch.zeros(0, self.p, dtype=torch.float64)
-        return torch.cat([self.form.features(Xs[i : i + CHUNK]).double() for i in range(0, Xs.shape[0], CHUNK)])
+        return self.form.features_s(Xs)
 
     @torch.no_grad()
     def latent_s(self, Xs: torch.Tensor) -> torch.Tensor:
-        res = self.form.residual
-        return torch.cat([res.latent(Xs[i : i + CHUNK]).double() for i in range(0, Xs.shape[0], CHUNK)])
+        return self.form.latent_s(Xs)
 
     def features(self, X) -> torch.Tensor:
         """``psi(X)`` for caller inputs (``n x p``, float64, standardised units)."""
         return self.features_s(self._xs(X))
 
     # ---------------------------------------------------------------- covariance and marginals
-    @torch.no_grad()
     def cov_s(self, X1s: torch.Tensor, X2s: torch.Tensor) -> torch.Tensor:
         """Posterior covariance of f in standardised units (``n1 x n2``, float64)."""
-        P1, P2 = self.features_s(X1s), self.features_s(X2s)
-        C = (P1 @ self.factor) @ (P2 @ self.factor).T
-        res = self.form.residual
-        if res is not None:
-            C = C + res.kernel(self.latent_s(X1s), self.latent_s(X2s)).double() - P1 @ P2.T
-        return C
+        return self.form.cov_s(X1s, X2s)
 
     def cov(self, X1, X2=None) -> np.ndarray:
         """Joint posterior covariance ``Cov[f(X1), f(X2)]`` (``n1 x n2``) in target units squared.
@@ -293,14 +282,92 @@ def _kernel_diag(res: Residual, a: torch.Tensor) -> torch.Tensor:
     return torch.full((a.shape[0],), float(res.outputscale), dtype=torch.float64)
 
 
-def joint_posterior(model) -> JointPosterior:
-    """The :class:`JointPosterior` of a fitted model (InputError for ``vecchia`` and ``dbk-nn``: no feature form)."""
+class VecchiaJointPosterior:
+    """The joint operations of :class:`JointPosterior` for the Vecchia family (``vecchia``, ``dbk-nn``): built on the
+    joint Vecchia prediction (:mod:`gpcore.models.vecchia_joint`), whose sparse factor is computed once per set of
+    places and reused (areas and samples over the same grid share it). Caller units in and out, float64."""
+
+    has_residual = False
+
+    def __init__(self, model):
+        model._check_fitted()
+        self.model = model
+        self.scale = float(model.y_std_)
+        self.shift = float(model.y_mean_)
+        self._key = None
+        self._joint = None
+
+    @property
+    def noise_s(self) -> float:
+        """Observation-noise variance in standardised units (a weighted fit: one measurement, tau^2 + sigma^2)."""
+        return float((self.model._noise_s() + self.model._nugget_s()).detach())
+
+    def _xs(self, X, what: str = "X") -> torch.Tensor:
+        return self.model.scale_x(as_2d_float(X, what, d=self.model.d_))
+
+    def joint_s(self, Xs: torch.Tensor):
+        """The :class:`~gpcore.models.vecchia_joint.VecchiaJoint` at scaled places (cached for the last set)."""
+        key = (tuple(Xs.shape), hash(Xs.detach().cpu().numpy().tobytes()))
+        if key != self._key:
+            self._joint, self._key = self.model.joint_s(Xs), key
+        return self._joint
+
+    def cov_s(self, X1s: torch.Tensor, X2s: torch.Tensor) -> torch.Tensor:
+        return self.model._posterior_cov_s(X1s, X2s)
+
+    def cov(self, X1, X2=None) -> np.ndarray:
+        """Joint posterior covariance ``Cov[f(X1), f(X2)]`` in target units squared (``model.posterior_cov``)."""
+        return self.model.posterior_cov(X1, X2)
+
+    def marginals(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """The model's marginal predictions (mean, latent variance) in caller units, as ``model.predict``."""
+        pred = self.model.predict(X)
+        return pred.mean, pred.var_f
+
+    def linear(self, X, groups: list[tuple[np.ndarray, np.ndarray]], block: int = 2048):
+        """Mean and variance of ``sum_i w_i f(x_i)`` per group ``(index array, weight array)``: one transposed sparse
+        triangular solve per group (all groups at once), ``O(n m_p)`` each."""
+        import scipy.sparse as sp
+
+        Xs = self._xs(X)
+        n = Xs.shape[0]
+        rows = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in groups]) if groups else np.zeros(0, int)
+        cols = np.concatenate([np.full(len(i), g) for g, (i, _) in enumerate(groups)]) if groups else rows
+        vals = np.concatenate([np.asarray(w, dtype=np.float64) for _, w in groups]) if groups else np.zeros(0)
+        W = sp.csr_matrix((vals, (rows, cols)), shape=(n, len(groups)))
+        mean, var = self.joint_s(Xs).linear(W)
+        sw = np.asarray(W.sum(0)).ravel()
+        empty = np.array([len(i) == 0 for i, _ in groups], dtype=bool)
+        mean = mean * self.scale + self.shift * sw
+        var = var * self.scale**2
+        mean[empty] = var[empty] = np.nan
+        return mean, var
+
+    def sample(self, X, n_samples: int = 4, seed: int = 0, num_features: int = DEFAULT_RFF) -> np.ndarray:
+        """``n_samples x n`` joint samples of f at ``X`` in caller units (one sparse solve per sample), seeded;
+        ``num_features`` is not used (no random features)."""
+        if n_samples < 0:
+            raise InputError(f"n_samples must be >= 0, got {n_samples}")
+        return self.joint_s(self._xs(X)).sample(int(n_samples), seed) * self.scale + self.shift
+
+    def lowrank_s(self, Xs: torch.Tensor, D: int, seed: int = 0) -> torch.Tensor:
+        """``G`` with ``E[G G^T] = Cov`` at scaled places, standardised units (suggestions' engine)."""
+        return torch.as_tensor(self.joint_s(Xs).lowrank(D, seed))
+
+
+def joint_posterior(model):
+    """The joint posterior of a fitted model: :class:`JointPosterior` (feature form) or, for the Vecchia family,
+    :class:`VecchiaJointPosterior`; both answer ``cov``, ``marginals``, ``linear`` and ``sample``."""
+    if hasattr(model, "joint_s"):
+        return VecchiaJointPosterior(model)
     return JointPosterior(model)
 
 
 def joint_unavailable(model) -> str | None:
     """Why ``model`` has no joint posterior (the message :class:`JointPosterior` would raise), or None when it has
     one. For callers that show the joint sections only where they exist (the Decide page)."""
+    if hasattr(model, "joint_s"):
+        return None
     try:
         model._feature_form()
     except InputError as e:

@@ -42,6 +42,7 @@ from gpcore.device import resolve_device, resolve_dtype
 from gpcore.errors import ConfigError, InputError
 from gpcore.models import recalibration, training
 from gpcore.models.config import BaseConfig
+from gpcore.models.features import JointPosteriorAPI
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_groups, check_scalers, training_inputs
 from gpcore.models.io import save_model
 from gpcore.models.likelihood import GaussianLikelihood
@@ -86,7 +87,7 @@ class Prediction:
         return hi - lo
 
 
-class GPModel:
+class GPModel(JointPosteriorAPI):
     """Base class: shared fit / predict / kernel / save logic over subclass hooks.
 
     Subclass hooks (all on scaled inputs ``x in [-1, 1]^d`` and standardised targets):

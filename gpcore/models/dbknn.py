@@ -57,7 +57,8 @@ benchmark, docs/benchmarks/heaton.md). Validated on spatial blocks (runs with
 ``split="block"``, ``bench_models --val block``), the check asks whether the features help inside gaps.
 
 Kernel: ``k(x, x') = a^2 phi(x)^T phi(x') + k_r(x, x')`` (the prior the kernel slice shows).
-Feature form: none — the residual's Vecchia conditioning defines marginals only (as ``vecchia``).
+Joint posterior: the joint Vecchia prediction of the residual plus the exact low-rank part
+(:mod:`gpcore.models.vecchia_joint`: ``Cov = Q F F^T Q^T + U^{-1} D U^{-T}``).
 """
 
 from __future__ import annotations
@@ -436,6 +437,17 @@ class DBKNN(VecchiaGP):
             vars_.append((q @ F).pow(2).sum(-1) + mod.outputscale.double() - l_row.pow(2).sum(-1))
         dt = mod.raw_noise.dtype
         return torch.cat(means).to(dt), torch.cat(vars_).to(dt)
+
+    # ---------------------------------------------------------------- joint posterior (vecchia_joint)
+    def _joint_residuals(self) -> torch.Tensor:
+        return self.module_.e_train.double()  # y - mu0 - a Phi w_hat (y - mu0 when the features were dropped)
+
+    def _joint_lowrank(self):
+        mod = self.module_
+        if not mod.features_on:
+            return None
+        a = mod.fscale.double()
+        return a * self._phi_train(), lambda Xs: a * self._phi_of(Xs), mod.post_m.double(), mod.post_F.double()
 
     # ---------------------------------------------------------------- kernel, persistence
     def _kernel_s(self, x1, x2):

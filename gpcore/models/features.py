@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from gpcore.models.inputs import as_2d_float
+
+#: rows per chunk when computing features
+CHUNK = 4096
 
 
 @dataclass
@@ -55,3 +61,52 @@ class FeatureForm:
     mu0: float
     residual: Residual | None = None
     note: str = ""
+
+    def features_s(self, Xs: torch.Tensor) -> torch.Tensor:
+        """``psi`` (``n x p``, float64) of scaled inputs, in chunks of :data:`CHUNK` rows."""
+        if Xs.shape[0] == 0:
+            return torch.zeros(0, self.mean.shape[0], dtype=torch.float64)
+        return torch.cat([self.features(Xs[i : i + CHUNK]).double() for i in range(0, Xs.shape[0], CHUNK)])
+
+    def latent_s(self, Xs: torch.Tensor) -> torch.Tensor:
+        """The residual's latent inputs ``a(x)`` (float64), in chunks."""
+        return torch.cat([self.residual.latent(Xs[i : i + CHUNK]).double() for i in range(0, Xs.shape[0], CHUNK)])
+
+    @torch.no_grad()
+    def cov_s(self, X1s: torch.Tensor, X2s: torch.Tensor) -> torch.Tensor:
+        """``Cov[f(X1), f(X2)] = Psi1 F F^T Psi2^T + k(A1, A2) - Psi1 Psi2^T`` (standardised units, float64)."""
+        P1, P2 = self.features_s(X1s), self.features_s(X2s)
+        F = self.factor.double()
+        C = (P1 @ F) @ (P2 @ F).T
+        if self.residual is not None:
+            C = C + self.residual.kernel(self.latent_s(X1s), self.latent_s(X2s)).double() - P1 @ P2.T
+        return C
+
+
+class JointPosteriorAPI:
+    """``model.posterior_cov(X1, X2)``: the public joint-posterior covariance of every model (mixed into
+    :class:`~gpcore.models.base.GPModel`). Feature models answer from their :class:`FeatureForm`; the Vecchia family
+    overrides :meth:`_posterior_cov_s` with its joint Vecchia posterior (:mod:`gpcore.models.vecchia_joint`). The
+    decision layer's operations on many places (areas, samples, suggestions) are in :mod:`gpcore.posterior`."""
+
+    def posterior_cov(self, X1, X2=None) -> np.ndarray:
+        """Joint posterior covariance ``Cov[f(X1), f(X2)]`` of the latent function (``n1 x n2``, target units squared).
+
+        Parameters
+        ----------
+        X1 : ``n1 x d`` places; X2 : ``n2 x d`` places (default ``X1``: the ``n1 x n1`` covariance matrix).
+
+        Dense, for small sets (``n1 n2`` entries). Its diagonal is ``predict(X).var_f`` for feature models; for
+        ``vecchia`` / ``dbk-nn`` it is the joint Vecchia posterior's (docs/decide.md), which conditions on nearby
+        new places too and equals the exact GP's when every place conditions on all its predecessors.
+        """
+        self._check_fitted()
+        X1s = self.scale_x(as_2d_float(X1, "X1", d=self.d_))
+        X2s = X1s if X2 is None else self.scale_x(as_2d_float(X2, "X2", d=self.d_))
+        self.module_.eval()
+        with torch.no_grad():
+            C = self._posterior_cov_s(X1s, X2s)
+        return C.cpu().numpy() * float(self.y_std_) ** 2
+
+    def _posterior_cov_s(self, X1s: torch.Tensor, X2s: torch.Tensor) -> torch.Tensor:
+        return self._feature_form().cov_s(X1s, X2s)

@@ -37,11 +37,11 @@ Prediction: each new point conditions on its ``pred_neighbors`` (default ``neigh
 training points: ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN +
 s2 I)^{-1} k_Nx``, ``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
 
-Feature form: none. Each prediction conditions on its own neighbour set, so the marginals define no
-single joint posterior over several places (two places with different neighbour sets have no
-consistent covariance) and no exact ``(psi, m, F, residual)`` form exists; joint operations
-(:mod:`gpcore.posterior`) raise :class:`~gpcore.errors.InputError` saying so. Use ``exact`` (small n)
-or a feature model for joint questions.
+Joint posterior: no feature form (no exact ``(psi, m, F, residual)`` exists); the joint posterior of many new
+places is the response-first joint Vecchia prediction of :mod:`gpcore.models.vecchia_joint` (the new places
+ordered after the training points, each conditioned on its ``pred_neighbors`` nearest training points and its
+``joint_neighbors`` nearest earlier new places): ``posterior_cov``, areal sums, joint samples and suggestions
+(:mod:`gpcore.posterior`, docs/decide.md).
 
 Saved state: the hyperparameters, the ordered training inputs and targets (scaled), the ordering
 permutation and the training neighbour sets, as tensors (safetensors); the KD-tree for prediction is
@@ -50,7 +50,6 @@ rebuilt from the stored inputs on first use.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -64,107 +63,8 @@ from gpcore.models.config import BaseConfig, setting
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.kernels import KERNEL_NAMES, stationary, stationary_sqdist
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
+from gpcore.models.neighbors import ORDERINGS, coord_order, maxmin_order, ordered_neighbors
 from gpcore.models.registry import register
-
-ORDERINGS = ("maxmin", "coord")
-
-
-# --------------------------------------------------------------------------------------------
-# Ordering and neighbour search (numpy / scipy, once per fit)
-# --------------------------------------------------------------------------------------------
-
-
-def maxmin_order(X: np.ndarray) -> np.ndarray:
-    """Exact max-min ordering of the rows of ``X`` (``n x d``); returns a permutation of ``range(n)``.
-
-    First the row nearest the centroid (lowest index on ties), then repeatedly the row whose
-    distance to the rows already taken is largest (lowest index on ties).
-    """
-    from scipy.spatial import cKDTree
-
-    X = np.asarray(X, dtype=np.float64)
-    n = X.shape[0]
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    first = int(np.argmin(((X - X.mean(0)) ** 2).sum(1)))
-    dist = np.sqrt(((X - X[first]) ** 2).sum(1))
-    taken = np.zeros(n, dtype=bool)
-    taken[first] = True
-    order = [first]
-    heap = [(-dist[i], i) for i in range(n) if i != first]
-    heapq.heapify(heap)
-    tree = cKDTree(X)
-    while heap:
-        negd, i = heapq.heappop(heap)
-        if taken[i] or -negd != dist[i]:
-            continue  # stale entry: the point was taken or has come closer since
-        taken[i] = True
-        order.append(i)
-        r = dist[i]
-        if r <= 0:  # only duplicates of taken points are left: they keep distance 0, take them in index order
-            continue
-        ball = np.asarray(tree.query_ball_point(X[i], r * (1.0 + 1e-9)), dtype=np.int64)
-        ball = ball[~taken[ball]]
-        if ball.size == 0:
-            continue
-        nd = np.sqrt(((X[ball] - X[i]) ** 2).sum(1))
-        closer = nd < dist[ball]
-        for j, dj in zip(ball[closer].tolist(), nd[closer].tolist(), strict=True):
-            dist[j] = dj
-            heapq.heappush(heap, (-dj, j))
-    return np.asarray(order, dtype=np.int64)
-
-
-def coord_order(X: np.ndarray) -> np.ndarray:
-    """Order by the first coordinate (stable: ties keep their input order)."""
-    return np.argsort(np.asarray(X, dtype=np.float64)[:, 0], kind="stable")
-
-
-def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048) -> np.ndarray:
-    """The ``m`` nearest predecessors of every row of the already-ordered ``Xo`` (``n x d``).
-
-    Returns ``n x m`` int64 row indices into ``Xo``, nearest first, ``-1`` where row ``i`` has fewer
-    than ``m`` predecessors (``i < m``). Exact: brute force for the first ``brute_below`` rows, then
-    KD-tree queries over all rows with ``k`` growing until ``m`` predecessors are among them.
-    """
-    from scipy.spatial import cKDTree
-
-    Xo = np.asarray(Xo, dtype=np.float64)
-    n = Xo.shape[0]
-    out = np.full((n, m), -1, dtype=np.int64)
-    if n == 0 or m == 0:
-        return out
-    nb = min(n, max(brute_below, m + 1))
-    block = 256
-    for s in range(1, nb, block):  # row 0 has no predecessors
-        e = min(s + block, nb)
-        D = ((Xo[s:e, None, :] - Xo[None, :e, :]) ** 2).sum(-1)
-        D[np.arange(e)[None, :] >= np.arange(s, e)[:, None]] = np.inf  # only predecessors
-        k = min(m, e - 1)
-        idx = np.argsort(D, axis=1, kind="stable")[:, :k]
-        valid = np.take_along_axis(D, idx, 1) < np.inf
-        out[s:e, :k] = np.where(valid, idx, -1)
-    rest = np.arange(nb, n)
-    if rest.size == 0:
-        return out
-    tree = cKDTree(Xo)
-    k = min(n, 4 * m)
-    while rest.size:
-        k = min(n, k)
-        _, idx = tree.query(Xo[rest], k=k)
-        idx = idx.reshape(rest.size, k)
-        pred = idx < rest[:, None]
-        done = pred.sum(1) >= m
-        if k >= n:
-            done[:] = True  # every row has >= m predecessors here (rest starts at nb > m)
-        if done.any():
-            rows = np.flatnonzero(done)
-            sel = np.argsort(~pred[rows], axis=1, kind="stable")[:, :m]  # first m predecessors, nearest first
-            out[rest[rows]] = np.take_along_axis(idx[rows], sel, 1)
-        rest = rest[~done]
-        k *= 4
-    return out
-
 
 # --------------------------------------------------------------------------------------------
 # The model
@@ -203,6 +103,8 @@ class VecchiaConfig(BaseConfig):
     epochs: int = setting(100, help="full-batch steps (L-BFGS iterations or Adam steps)", min=1, main=True)
     lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
                         min_inclusive=False, main=True)
+    joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "
+                                   "places each new place conditions on, beside its training neighbours", min=0)
 
 
 class VecchiaModule(SoftplusHyperparameters, nn.Module):
@@ -469,11 +371,33 @@ class VecchiaGP(GPModel):
 
     def _feature_form(self):
         raise InputError(
-            f"{type(self).__name__} has no feature form, so joint posterior operations are unavailable: "
-            "each Vecchia prediction conditions on its own nearest training points, which defines marginals "
-            "but no single joint posterior over several places; use 'exact' (small n) or a feature model "
-            "(dbk, svgp, ...) for joint questions"
+            f"{type(self).__name__} has no feature form: its joint posterior is the joint Vecchia prediction "
+            "(gpcore.posterior.joint_posterior)"
         )
+
+    # ---------------------------------------------------------------- joint posterior (vecchia_joint)
+    def joint_s(self, Xs: torch.Tensor, m_pred: int | None = None):
+        """The joint posterior of f at scaled places ``Xs``: a :class:`~gpcore.models.vecchia_joint.VecchiaJoint`."""
+        from gpcore.models.vecchia_joint import build_joint
+
+        self._check_fitted()
+        with torch.no_grad():
+            return build_joint(self, Xs, group_covariance, m_pred)
+
+    def _joint_residuals(self) -> torch.Tensor:
+        """The training residuals the new places condition on: ``y - mu0`` (ordered training points)."""
+        return self.module_.y_train.double() - self.module_.mu0.double()
+
+    def _joint_lowrank(self):
+        """``(a Phi_T, x -> a phi(x), w_hat, F)`` of a low-rank part (dbk-nn), None for the Vecchia GP."""
+        return None
+
+    def _posterior_cov_s(self, X1s, X2s):
+        """The joint Vecchia covariance over the distinct places of ``X1`` and ``X2`` (one ordering for both)."""
+        Z, inv = np.unique(torch.cat([X1s, X2s]).detach().double().cpu().numpy(), axis=0, return_inverse=True)
+        C = self.joint_s(torch.as_tensor(Z, dtype=X1s.dtype, device=X1s.device)).cov()
+        inv = inv.ravel()
+        return torch.as_tensor(C[np.ix_(inv[: X1s.shape[0]], inv[X1s.shape[0]:])])
 
     @property
     def lengthscale(self):

@@ -154,10 +154,13 @@ def test_maps_draws_p_below_at_the_decide_threshold(app, store):
     assert app.number_input(key="w_decide_threshold").value == 12.0
 
 
-def test_a_run_without_a_joint_posterior_keeps_the_page_and_says_why(app, store):
-    """vecchia (and dbk-nn) give marginals only: the exceedance map still draws from them, and one note in place
-    of the joint sections (areas, plausible maps, suggestions) says why, instead of the page failing."""
+def test_a_vecchia_run_decides_with_its_joint_posterior(app, store):
+    """vecchia (and dbk-nn) used to give marginals only, and the page hid its joint sections for them; with the joint
+    Vecchia posterior (issue 25) the page shows areas, plausible maps and suggestions, each the numbers of
+    :mod:`gpcore.decide` on the same run."""
     from app.state import DatasetSpec
+    from gpcore import decide
+    from gpcore.models import load_model
     from gpcore.run.pipeline import execute_run
 
     run_id = "20240101-000002-000-vecchia"
@@ -169,14 +172,24 @@ def test_a_run_without_a_joint_posterior_keeps_the_page_and_says_why(app, store)
     open_page(app, "decide").run()
     assert not app.exception, [e.value for e in app.exception]
     assert app.session_state["ua_run"] == run_id
+    assert not app.error and not [w.value for w in app.warning if "joint posterior" in w.value]
     maps = gridmaps(app)
-    assert f"exceed_{run_id}" in maps, "the exceedance map needs only the marginals"
-    assert not any(k.startswith("sample_") for k in maps)
-    assert not app.error, [e.value for e in app.error]
-    notes = [w.value for w in app.warning if "no feature form" in w.value]
-    assert len(notes) == 1 and "Areas, plausible maps and where to measure next" in notes[0], notes
-    assert [s.value for s in app.subheader] == ["P(download_mbps below 35 Mbps)"], "no joint sections"
-    # the threshold still redraws the exceedance map
-    app.number_input(key="w_decide_threshold").set_value(10.0).run()
-    assert not app.exception and not app.error
-    assert [s.value for s in app.subheader] == ["P(download_mbps below 10 Mbps)"]
+    assert f"exceed_{run_id}" in maps and f"area_{run_id}" in maps
+    assert sum(k.startswith("sample_") for k in maps) == 4, "four plausible maps"
+    assert [s.value for s in app.subheader] == ["P(download_mbps below 35 Mbps)", "Areas", "Plausible maps",
+                                                "Where to measure next"]
+    grid = pd.read_parquet(store / run_id / "grid.parquet")
+    model = load_model(store / run_id / "model")
+    labels = decide.assign_areas(grid["lon"], grid["lat"], decide.bundled_counties("PR"), "NAME")
+    tab = decide.area_posteriors(model, grid[["lon", "lat"]].to_numpy(), labels, threshold=35.0,
+                                 units="original", transform="log10")
+    shown = app.dataframe[0].value
+    assert len(shown) == len(tab)
+    assert np.allclose(np.sort(shown["P(below)"].to_numpy(float)), np.sort(tab["p_below"].to_numpy()), atol=1e-3)
+    app.slider(key="w_decide_k").set_value(3).run()
+    app.button(key="w_decide_suggest").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    X = grid[["lon", "lat"]].to_numpy()
+    res = decide.suggest(model, X, X, k=3)
+    assert list(app.dataframe[-1].value["cell_id"]) == list(grid["cell_id"].to_numpy()[res.index])
+    assert res.engine == "vecchia"

@@ -1,5 +1,6 @@
 """Headless Chromium: train dbk-nn (DBK + nearest-neighbour residual) from the Train page, then use it like any
-run — its maps take clicks, the PI-width map shows, and Decide says why its joint sections are absent.
+run — its maps take clicks, the PI-width map shows, and Decide answers from its joint posterior (the joint
+Vecchia prediction plus the DBK part): county intervals, plausible maps and suggested sites.
 
 Trained on spatial blocks, whose validation blocks make its feature check a test of the gaps; the Train page
 and the Maps header say what the check decided.
@@ -55,7 +56,17 @@ def test_dbk_nn_trains_from_the_page_and_its_run_is_usable(server, page):
     screenshot(page, "maps-dbk-nn.png")
 
     nav(page, "Decide")
-    page.get_by_text("need the joint posterior", exact=False).wait_for(timeout=60_000)
+    frames = page.locator('iframe[title*="ua_gridmap"]')
+    frames.nth(5).wait_for(timeout=90_000)
+    assert frames.count() == 6, "P(below) map, area choropleth and four plausible maps"
     no_exception(page)
-    assert page.get_by_role("button", name="Suggest sites", exact=True).count() == 0
+    assert page.get_by_text("need the joint posterior", exact=False).count() == 0
+    # county intervals: the ranked table of areas with their interval bounds
+    page.get_by_role("heading", name="Areas", exact=True).wait_for()
+    page.get_by_role("heading", name="Plausible maps", exact=True).wait_for()
+    page.get_by_role("button", name="Suggest sites", exact=True).click()
+    settle(page)
+    page.get_by_text("Latent variance after the 10 measurements", exact=False).wait_for(timeout=90_000)
+    no_exception(page)
+    assert frames.count() == 7
     screenshot(page, "decide-dbk-nn.png")

@@ -10,7 +10,7 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.stats import multivariate_normal
 
 from gpcore import InputError, make_model
-from gpcore.models.vecchia import coord_order, maxmin_order, ordered_neighbors
+from gpcore.models.neighbors import coord_order, maxmin_order, ordered_neighbors
 from tests.gpcore.models.battery import ModelBattery
 from tests.gpcore.models.test_exact import _np_kernel
 
@@ -152,8 +152,8 @@ def test_learns_the_noise_and_has_no_feature_form():
     y = np.sin(4 * X[:, 0]) + 0.1 * rng.normal(size=300)
     model = make_model("vecchia", neighbors=10, epochs=150, dtype="float64", device="cpu").fit(X, y)
     assert 0.003 < model.noise_variance < 0.03  # true noise variance 0.01
-    with pytest.raises(InputError, match="no feature form.*own nearest training points"):
-        JointPosterior(model)
+    with pytest.raises(InputError, match="no feature form.*joint Vecchia prediction"):
+        JointPosterior(model)  # its joint posterior is gpcore.posterior.VecchiaJointPosterior (test_vecchia_joint.py)
 
 
 class TestVecchiaBattery(ModelBattery):

@@ -1,0 +1,202 @@
+"""The joint posterior of the Vecchia family (``vecchia``, ``dbk-nn``) at many new places (docs/decide.md,
+"Joint posterior of vecchia and dbk-nn").
+
+Response-first joint Vecchia prediction (Katzfuss, Guinness, Gong & Zilber 2020; GPBoost's
+``vecchia_pred_type="order_obs_first_cond_all"``): the new places are put in maxmin order *after* the training
+points, and each conditions on its ``m_t`` nearest training targets (noisy) and its ``m_p`` nearest *earlier new
+places* (latent). With ``g = f - mu0`` at the new places and ``e`` the training targets' residuals,
+
+    g_j = b_j^T e_T(j) + c_j^T g_P(j) + sqrt(d_j) xi_j,      xi ~ N(0, I),
+
+where ``(b_j, c_j, d_j)`` are the kriging weights and the conditional variance of the exact GP on the group
+``[y_T(j), f_P(j), f_j]`` (one ``(m_t + m_p + 1)``-square Cholesky per place, batched). In matrix form
+``U g = B e + D^{1/2} xi`` with ``U = I - C`` unit lower triangular and sparse (``m_p`` entries per row), so
+
+    E[g] = U^{-1} B e,      Cov[g] = U^{-1} D U^{-T},
+
+and ``D^{-1/2} U`` is the sparse inverse Cholesky factor of the joint precision. Joint samples cost one sparse
+triangular solve per sample, the variance of a weighted sum ``w^T g`` is ``|D^{1/2} U^{-T} w|^2`` (one transposed
+solve per area), and nothing ``n x n`` is formed. With ``m_t = n_train`` and ``m_p = n - 1`` every factor
+conditions on all its predecessors and the result is the exact GP posterior (the tests check it in float64).
+
+``dbk-nn`` (``f = mu0 + a phi^T w + r``): given ``w`` the residual ``r`` is the above with
+``e(w) = y - mu0 - a Phi_T w``, and ``w ~ N(w_hat, F F^T)`` (its exact posterior given the Vecchia residual) is
+independent of ``xi``. Hence
+
+    f - E[f] = Q (w - w_hat) + U^{-1} D^{1/2} xi,      Q = a Phi_P - U^{-1} B a Phi_T,
+    Cov[f] = Q F F^T Q^T + U^{-1} D U^{-T}:
+
+the low-rank part enters exactly, carried through the places' own features and through the neighbours'
+residuals (the joint form of the marginal variance in docs/methods/dbknn.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.sparse.linalg import spsolve_triangular
+
+from gpcore.models.linalg import psd_safe_cholesky
+
+__all__ = ["VecchiaJoint", "build_joint"]
+
+@dataclass
+class VecchiaJoint:
+    """The joint Gaussian of ``f`` at ``n`` new places (standardised units, float64, numpy).
+
+    ``order[i]`` is the place that comes ``i``-th in the prediction ordering; ``U`` (``n x n`` CSR, unit lower
+    triangular) and ``d`` (``(n,)``) are in that ordering; ``mean`` (``(n,)``, ``f``'s mean including ``mu0``) and
+    ``Q`` (``n x p``, or ``None`` without a low-rank part) are in the caller's order; ``F`` is ``p x q``.
+    """
+
+    order: np.ndarray
+    U: sp.csr_matrix
+    d: np.ndarray
+    mean: np.ndarray
+    Q: np.ndarray | None = None
+    F: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.mean.shape[0])
+
+    def _solve(self, R: np.ndarray) -> np.ndarray:
+        """``U^{-1} R`` (``n x s``, ordering space)."""
+        return spsolve_triangular(self.U, R, lower=True, unit_diagonal=True)
+
+    def _solve_t(self, R: np.ndarray) -> np.ndarray:
+        """``U^{-T} R`` (``n x s``, ordering space)."""
+        return spsolve_triangular(self.U.T.tocsr(), R, lower=False, unit_diagonal=True)
+
+    def _to_caller(self, A: np.ndarray) -> np.ndarray:
+        out = np.empty_like(A)
+        out[self.order] = A
+        return out
+
+    def _to_order(self, A: np.ndarray) -> np.ndarray:
+        return A[self.order]
+
+    def cov(self) -> np.ndarray:
+        """The dense ``n x n`` covariance (caller order): for small sets."""
+        Li = self._solve(np.diag(np.sqrt(self.d)))  # U^{-1} D^{1/2}, ordering space
+        Li = self._to_caller(Li)
+        C = Li @ Li.T
+        if self.Q is not None:
+            QF = self.Q @ self.F
+            C = C + QF @ QF.T
+        return C
+
+    def var(self) -> np.ndarray:
+        """``diag(Cov)`` (caller order), by one sparse solve per block of unit vectors: ``O(n^2 m_p)``; small sets."""
+        return np.diag(self.cov()).copy()
+
+    def linear(self, W: sp.spmatrix | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of ``W^T f`` for the columns of ``W`` (``n x G``, caller order)."""
+        W = sp.csr_matrix(W)
+        mean = W.T @ self.mean
+        Wo = W[self.order].toarray()
+        Z = self._solve_t(Wo)  # U^{-T} W
+        var = (Z * Z * self.d[:, None]).sum(0)
+        if self.Q is not None:
+            V = self.F.T @ np.asarray(W.T @ self.Q).T  # q x G
+            var = var + (V**2).sum(0)
+        return np.asarray(mean).ravel(), np.maximum(var, 0.0)
+
+    def deviations(self, xi: np.ndarray, eta: np.ndarray | None = None) -> np.ndarray:
+        """``f - E[f]`` for standard normal draws ``xi`` (``n x s``) and ``eta`` (``q x s``); ``n x s``, caller
+        order."""
+        G = self._to_caller(self._solve(np.sqrt(self.d)[:, None] * xi))
+        if self.Q is not None and eta is not None:
+            G = G + self.Q @ (self.F @ eta)
+        return G
+
+    def sample(self, n_samples: int, seed: int = 0) -> np.ndarray:
+        """``n_samples x n`` joint samples of ``f`` (standardised units), seeded."""
+        rng = np.random.default_rng(int(seed))
+        xi = rng.standard_normal((self.n, n_samples))
+        eta = None if self.F is None else rng.standard_normal((self.F.shape[1], n_samples))
+        return (self.mean[:, None] + self.deviations(xi, eta)).T
+
+    def lowrank(self, D: int, seed: int = 0) -> np.ndarray:
+        """``G`` (``n x (D + q)``) with ``E[G G^T] = Cov``: the Vecchia part by ``D`` Monte-Carlo columns
+        ``U^{-1} D^{1/2} xi / sqrt(D)``, the low-rank part exactly (``Q F``). For greedy design (suggestions)."""
+        rng = np.random.default_rng(int(seed) + 7919)
+        G = self._to_caller(self._solve(np.sqrt(self.d)[:, None] * rng.standard_normal((self.n, D)))) / np.sqrt(D)
+        if self.Q is not None:
+            G = np.concatenate([G, self.Q @ self.F], 1)
+        return G
+
+def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) -> VecchiaJoint:
+    """The :class:`VecchiaJoint` of a fitted ``vecchia`` / ``dbk-nn`` model at scaled inputs ``Xs`` (``n x d``).
+
+    Training neighbours: the model's ``pred_neighbors`` (its marginal predictions' conditioning set); earlier new
+    places: ``m_pred`` (default the config's ``joint_neighbors``). Cost ``O(n (m_t + m_p)^3)`` for the groups plus
+    the orderings and neighbour searches (``O(n log n)``). ``covariance(module, Xg, valid, noise)`` is the
+    model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`).
+    """
+    from gpcore.models.neighbors import maxmin_order, ordered_neighbors
+
+    mod = model.module_
+    cfg = model.config
+    n = Xs.shape[0]
+    m_p = cfg.joint_neighbors if m_pred is None else int(m_pred)
+    Xn = Xs.detach().double().cpu().numpy()
+    order = maxmin_order(Xn) if n > 1 else np.arange(n)
+    Xo = Xs.detach()[torch.as_tensor(order, device=Xs.device)]
+    NT = model._prediction_neighbors(Xo)  # n x m_t, indices into the ordered training points
+    NP = torch.as_tensor(ordered_neighbors(Xn[order], min(m_p, max(n - 1, 0))), device=Xs.device)  # n x m_p, -1 pad
+    m_t, mp = NT.shape[1], NP.shape[1]
+    e = model._joint_residuals()  # training residuals e (ordered training points), float64
+    lowrank = model._joint_lowrank()  # (a Phi_T, a Phi_P-function, w_hat, F) or None
+    X_tr = mod.X_train
+    cs = max(1, cfg.chunk_size)
+    c = torch.empty(n, dtype=torch.float64, device=Xs.device)
+    d = torch.empty(n, dtype=torch.float64, device=Xs.device)
+    BP = torch.empty(n, mp, dtype=torch.float64, device=Xs.device)
+    BPhi = None if lowrank is None else torch.empty(n, lowrank[0].shape[1], dtype=torch.float64, device=Xs.device)
+    zero = torch.zeros((), dtype=torch.float64, device=Xs.device)
+    for i in range(0, n, cs):
+        T = NT[i : i + cs]
+        P = NP[i : i + cs]
+        b = T.shape[0]
+        Pc = P.clamp_min(0)
+        Xg = torch.cat([X_tr[T], Xo[Pc], Xo[i : i + b, None, :]], dim=1).double()
+        valid = torch.cat([torch.ones_like(T, dtype=torch.bool), P >= 0,
+                           torch.ones(b, 1, dtype=torch.bool, device=Xs.device)], dim=1)
+        noise_t = model._group_noise(T)
+        if noise_t is None:
+            noise_t = mod.noise.double().expand(T.shape)
+        noise = torch.cat([noise_t.double(), torch.zeros(b, mp + 1, dtype=torch.float64, device=Xs.device)], dim=1)
+
+        L = psd_safe_cholesky(covariance(mod, Xg, valid, noise))
+        w = torch.linalg.solve_triangular(L[:, :-1, :-1].transpose(-1, -2), L[:, -1, :-1].unsqueeze(-1),
+                                          upper=True).squeeze(-1)  # kriging weights on [T, P]
+        w = torch.where(valid[:, :-1], w, zero)
+        bt, bp = w[:, :m_t], w[:, m_t:]
+        c[i : i + b] = (bt * e[T]).sum(-1)
+        BP[i : i + b] = bp
+        d[i : i + b] = L[:, -1, -1].pow(2)
+        if BPhi is not None:
+            BPhi[i : i + b] = torch.einsum("bk,bkp->bp", bt, lowrank[0][T])
+    rows = np.repeat(np.arange(n), mp)
+    cols = NP.cpu().numpy().ravel()
+    vals = -BP.cpu().numpy().ravel()
+    keep = cols >= 0
+    U = sp.csr_matrix((np.concatenate([vals[keep], np.ones(n)]),
+                       (np.concatenate([rows[keep], np.arange(n)]), np.concatenate([cols[keep], np.arange(n)]))),
+                      shape=(n, n))
+    U.sum_duplicates()
+    joint = VecchiaJoint(order, U, d.cpu().numpy(), np.zeros(n))
+    g = joint._to_caller(joint._solve(c.cpu().numpy()[:, None]))[:, 0]
+    mean = float(mod.mu0.detach()) + g
+    if lowrank is not None:
+        _, phi_p, w_hat, F = lowrank
+        Phi_P = phi_p(Xs).cpu().numpy()  # a Phi at the new places, caller order
+        Q = Phi_P - joint._to_caller(joint._solve(BPhi.cpu().numpy()))
+        joint.Q, joint.F = Q, F.cpu().numpy()
+        mean = mean + Phi_P @ w_hat.cpu().numpy()
+    joint.mean = mean
+    return joint

@@ -1,0 +1,127 @@
+"""The joint posterior of ``vecchia`` and ``dbk-nn`` (gpcore/models/vecchia_joint.py, docs/decide.md) against the dense
+float64 exact GP with the same hyperparameters: covariances, areal variances and joint samples; and
+``model.posterior_cov`` on every model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpcore import decide, make_model
+from gpcore.posterior import JointPosterior, VecchiaJointPosterior, joint_posterior
+
+N = 90
+TINY_DBK = dict(dbk_epochs=3, dbk_rank=8, dbk_hidden=8, feature_check=False)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(3)
+    X = rng.uniform(0, 1, (N, 2))
+    y = np.sin(5 * X[:, 0]) + np.cos(3 * X[:, 1]) + 0.1 * rng.standard_normal(N)
+    w = rng.integers(1, 6, N).astype(float)
+    Xs = rng.uniform(-0.1, 1.1, (30, 2))  # some new places outside the data: wide, correlated errors
+    return X, y, w, Xs
+
+
+def fit(name, data, *, weighted=False, full=True, **kw):
+    X, y, w, _ = data
+    extra = TINY_DBK if name == "dbk-nn" else {}
+    if full:  # every point conditions on all its predecessors: the exact GP
+        kw = dict(neighbors=N - 1, pred_neighbors=N, joint_neighbors=100, **kw)
+    return make_model(name, epochs=3, dtype="float64", device="cpu", **extra, **kw).fit(
+        X, y, weights=w if weighted else None)
+
+
+def dense_posterior(model, data):
+    """Exact GP posterior ``(mean, cov)`` at the new places, from the model's prior kernel, noise and mean."""
+    X, y, w, Xs = data
+    K = model.kernel(np.vstack([X, Xs]))
+    noise = model.noise_variance if not model.weighted else model.nugget_variance + model.measurement_noise_variance / w
+    Kxx = K[:N, :N] + np.diag(np.broadcast_to(noise, (N,)))
+    Kxs, Kss = K[:N, N:], K[N:, N:]
+    mean = model.prior_mean + Kxs.T @ np.linalg.solve(Kxx, y - model.prior_mean)
+    return mean, Kss - Kxs.T @ np.linalg.solve(Kxx, Kxs)
+
+
+@pytest.mark.parametrize("name,weighted", [("vecchia", False), ("vecchia", True), ("dbk-nn", False),
+                                           ("dbk-nn", True)])
+def test_all_neighbours_give_the_exact_joint_posterior(data, name, weighted):
+    model = fit(name, data, weighted=weighted)
+    Xs = data[3]
+    mean, cov = dense_posterior(model, data)
+    C = model.posterior_cov(Xs)
+    np.testing.assert_allclose(C, cov, rtol=1e-6, atol=1e-9 * np.abs(cov).max())
+    np.testing.assert_allclose(model.posterior_cov(Xs[:7], Xs[4:12]), cov[:7, 4:12], rtol=1e-6,
+                               atol=1e-9 * np.abs(cov).max())
+    joint = model.joint_s(model.scale_x(Xs))
+    np.testing.assert_allclose(joint.mean * model.y_std_ + model.y_mean_, mean, rtol=1e-7, atol=1e-9)
+    # areal sums: mean and variance of w^T f against the dense w^T mu, w^T Sigma w
+    jp = joint_posterior(model)
+    assert isinstance(jp, VecchiaJointPosterior)
+    groups = [(np.arange(10), np.full(10, 0.1)), (np.array([3, 17, 29]), np.array([0.5, 0.25, 0.25]))]
+    m_a, v_a = jp.linear(Xs, groups)
+    for g, (idx, wg) in enumerate(groups):
+        assert m_a[g] == pytest.approx(wg @ mean[idx], rel=1e-7)
+        assert v_a[g] == pytest.approx(wg @ cov[np.ix_(idx, idx)] @ wg, rel=1e-6)
+    # its diagonal is the marginal prediction's latent variance (both exact here)
+    np.testing.assert_allclose(np.diag(C), model.predict(Xs).var_f, rtol=1e-6)
+
+
+def test_samples_have_the_posterior_covariance(data):
+    """The empirical covariance of joint samples is within Monte-Carlo error of ``posterior_cov`` (m < n too)."""
+    model = fit("dbk-nn", data, full=False, neighbors=10)
+    Xs = data[3][:12]
+    C = model.posterior_cov(Xs)
+    S = joint_posterior(model).sample(Xs, 20_000, seed=5)
+    emp = np.cov(S.T)
+    sd = np.sqrt(np.outer(np.diag(C), np.diag(C)))
+    # the sample covariance's standard error is about sqrt((C_ij^2 + C_ii C_jj) / n) <= sd * sqrt(2 / n)
+    assert np.all(np.abs(emp - C) < 5 * sd * np.sqrt(2 / 20_000))
+    assert np.abs(S.mean(0) - joint_posterior(model).linear(Xs, [([i], [1.0]) for i in range(12)])[0]).max() < (
+        5 * np.sqrt(np.diag(C)).max() / np.sqrt(20_000))
+    # seeded
+    np.testing.assert_array_equal(joint_posterior(model).sample(Xs, 3, seed=1), joint_posterior(model).sample(Xs, 3,
+                                                                                                               seed=1))
+
+
+def test_areal_variance_approaches_the_exact_one_as_m_grows(data):
+    """With fewer neighbours the joint factor is an approximation; the areal variance's error shrinks as the new
+    places condition on more of each other, and vanishes with all of them."""
+    model = fit("vecchia", data)  # all training neighbours: the error comes from m_p alone
+    Xs = data[3]
+    _, cov = dense_posterior(model, data)
+    w = np.full(len(Xs), 1.0 / len(Xs))
+    exact = w @ cov @ w
+    errors = []
+    for m_p in (0, 2, 6, 29):
+        joint = model.joint_s(model.scale_x(Xs), m_pred=m_p)
+        errors.append(abs(joint.linear(w[:, None])[1][0] * model.y_std_**2 - exact) / exact)
+    assert errors[0] > 0.2, "independent given the data: far too small an areal variance"
+    assert errors[0] > errors[1] > errors[2] and errors[3] < 1e-6, errors
+
+
+def test_posterior_cov_of_feature_models_is_their_joint_posterior(data):
+    X, y, _, Xs = data
+    for name, kw in (("svgp", dict(num_inducing=16)), ("dbk-mml", dict(rank=8, hidden=8)), ("exact", {})):
+        model = make_model(name, epochs=3, dtype="float64", device="cpu", **kw).fit(X, y)
+        C = model.posterior_cov(Xs, Xs[:4])
+        np.testing.assert_allclose(C, JointPosterior(model).cov(Xs, Xs[:4]), rtol=1e-12)
+        np.testing.assert_allclose(np.diag(model.posterior_cov(Xs)), model.predict(Xs).var_f, rtol=1e-6, atol=1e-12)
+    exact = make_model("exact", epochs=3, dtype="float64", device="cpu").fit(X, y)
+    _, cov = dense_posterior(exact, data)
+    np.testing.assert_allclose(exact.posterior_cov(Xs), cov, rtol=1e-6, atol=1e-10)
+
+
+def test_decisions_work_for_the_vecchia_family(data):
+    """areas, plausible maps and suggestions run for vecchia and dbk-nn (the Decide page no longer hides them)."""
+    X = data[3]
+    for name in ("vecchia", "dbk-nn"):
+        model = fit(name, data, full=False, neighbors=10)
+        labels = np.where(X[:, 0] < 0.5, "W", "E").astype(object)
+        tab = decide.area_posteriors(model, X, labels, samples=4)
+        assert list(tab["area"]) == ["E", "W"] and (tab["sd_t"] > 0).all()
+        assert decide.plausible_maps(model, X, 3).shape == (3, len(X))
+        res = decide.suggest(model, X, None, k=3)
+        assert res.engine == "vecchia" and len(set(res.index.tolist())) == 3
+        assert res.mean_var_after < res.mean_var_before
