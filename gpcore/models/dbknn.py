@@ -438,6 +438,12 @@ class DBKNN(VecchiaGP):
         dt = mod.raw_noise.dtype
         return torch.cat(means).to(dt), torch.cat(vars_).to(dt)
 
+    def _after_conditioning(self, n0: int) -> None:
+        """New conditioning rows: the posterior of ``w`` and the residuals ``e`` over all rows (no refit)."""
+        mod = self.module_
+        mod.e_train = torch.zeros(mod.X_train.shape[0], dtype=mod.e_train.dtype, device=mod.e_train.device)
+        self._finalize(None, None, None)
+
     # ---------------------------------------------------------------- joint posterior (vecchia_joint)
     def _joint_residuals(self) -> torch.Tensor:
         return self.module_.e_train.double()  # y - mu0 - a Phi w_hat (y - mu0 when the features were dropped)

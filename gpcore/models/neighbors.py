@@ -58,12 +58,14 @@ def coord_order(X: np.ndarray) -> np.ndarray:
     return np.argsort(np.asarray(X, dtype=np.float64)[:, 0], kind="stable")
 
 
-def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048) -> np.ndarray:
+def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: int = 0) -> np.ndarray:
     """The ``m`` nearest predecessors of every row of the already-ordered ``Xo`` (``n x d``).
 
     Returns ``n x m`` int64 row indices into ``Xo``, nearest first, ``-1`` where row ``i`` has fewer
     than ``m`` predecessors (``i < m``). Exact: brute force for the first ``brute_below`` rows, then
     KD-tree queries over all rows with ``k`` growing until ``m`` predecessors are among them.
+    With ``start > 0`` only rows ``start ..`` are searched (rows appended to an ordered set, e.g. new conditioning
+    rows): the result is ``(n - start) x m``, row ``i - start`` for row ``i``.
     """
     from scipy.spatial import cKDTree
 
@@ -71,10 +73,10 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048) -> np.nda
     n = Xo.shape[0]
     out = np.full((n, m), -1, dtype=np.int64)
     if n == 0 or m == 0:
-        return out
+        return out[start:]
     nb = min(n, max(brute_below, m + 1))
     block = 256
-    for s in range(1, nb, block):  # row 0 has no predecessors
+    for s in range(max(1, start), nb, block):  # row 0 has no predecessors
         e = min(s + block, nb)
         D = ((Xo[s:e, None, :] - Xo[None, :e, :]) ** 2).sum(-1)
         D[np.arange(e)[None, :] >= np.arange(s, e)[:, None]] = np.inf  # only predecessors
@@ -82,9 +84,9 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048) -> np.nda
         idx = np.argsort(D, axis=1, kind="stable")[:, :k]
         valid = np.take_along_axis(D, idx, 1) < np.inf
         out[s:e, :k] = np.where(valid, idx, -1)
-    rest = np.arange(nb, n)
+    rest = np.arange(max(nb, start), n)
     if rest.size == 0:
-        return out
+        return out[start:]
     tree = cKDTree(Xo)
     k = min(n, 4 * m)
     while rest.size:
@@ -101,4 +103,4 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048) -> np.nda
             out[rest[rows]] = np.take_along_axis(idx[rows], sel, 1)
         rest = rest[~done]
         k *= 4
-    return out
+    return out[start:]

@@ -61,6 +61,7 @@ from gpcore.errors import InputError
 from gpcore.models.base import GPModel
 from gpcore.models.config import BaseConfig, setting
 from gpcore.models.hyper import SoftplusHyperparameters
+from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
 from gpcore.models.kernels import KERNEL_NAMES, stationary, stationary_sqdist
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
 from gpcore.models.neighbors import ORDERINGS, coord_order, maxmin_order, ordered_neighbors
@@ -103,6 +104,8 @@ class VecchiaConfig(BaseConfig):
     epochs: int = setting(100, help="full-batch steps (L-BFGS iterations or Adam steps)", min=1, main=True)
     lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
                         min_inclusive=False, main=True)
+    condition_on_validation: bool = setting(True, help="after training, add the validation rows to the posterior's "
+                                            "conditioning set (hyperparameters unchanged, no refit)")
     joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "
                                    "places each new place conditions on, beside its training neighbours", min=0)
 
@@ -317,6 +320,58 @@ class VecchiaGP(GPModel):
             loss.backward()
             total += loss.detach()
         return total
+
+    # ---------------------------------------------------------------- every labelled row in the posterior
+    def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, **kw):
+        """:meth:`GPModel.fit`, then (``condition_on_validation``) :meth:`condition_on` the validation rows: they
+        stop training and pick the feature check and the recalibration first, then join the posterior."""
+        super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, **kw)
+        if self.config.condition_on_validation and X_val is not None and len(X_val) and not self._cancelled():
+            self.condition_on(X_val, y_val, weights=val_weights)
+        return self
+
+    def _cancelled(self) -> bool:
+        return bool(self.train_info_.get("cancelled"))
+
+    def condition_on(self, X, y, weights=None):
+        """Add labelled rows ``X`` (``n x d``), ``y`` to the posterior's conditioning set, hyperparameters unchanged.
+
+        The rows join the ordered training set after its last point (maxmin order among themselves), each with its
+        ``m`` nearest predecessors, so every later prediction (marginal or joint) conditions on them as on training
+        rows; a weighted model needs their ``weights``. ``train_info_["conditioned_on"]`` counts the rows by kind.
+        """
+        self._check_fitted()
+        X = as_2d_float(X, "X", d=self.d_)
+        y = as_1d_float(y, X.shape[0], "y")
+        if self.weighted and weights is None:
+            raise InputError("this model was fitted with weights: pass the new rows' weights")
+        if not self.weighted and weights is not None:
+            raise InputError("this model was fitted without weights: drop the weights of the new rows")
+        if X.shape[0] == 0:
+            return self
+        mod = self.module_
+        Xs, ys = self.scale_x(X), self.scale_y(y)
+        perm = torch.as_tensor(maxmin_order(Xs.double().cpu().numpy()), device=mod.X_train.device)
+        n0 = mod.X_train.shape[0]
+        with torch.no_grad():
+            X_all = torch.cat([mod.X_train, Xs[perm].to(mod.X_train.dtype)])
+            m = max(min(self.config.neighbors, X_all.shape[0] - 1), mod.nbr.shape[1])  # m nearest, as in training
+            nbr = ordered_neighbors(X_all.double().cpu().numpy(), m, start=n0)
+            pad = torch.full((n0, m - mod.nbr.shape[1]), -1, dtype=mod.nbr.dtype, device=mod.nbr.device)
+            mod.nbr = torch.cat([torch.cat([mod.nbr, pad], 1), torch.as_tensor(nbr, device=mod.nbr.device)])
+            mod.X_train = X_all
+            mod.y_train = torch.cat([mod.y_train, ys[perm].to(mod.y_train.dtype)])
+            mod.order = torch.cat([mod.order, n0 + perm])
+            w = torch.ones(X.shape[0]) if weights is None else torch.as_tensor(as_weights(weights, X.shape[0]))
+            mod.w_train = torch.cat([mod.w_train, w.to(mod.w_train)[perm]])
+        self._tree = None
+        self._after_conditioning(n0)
+        counts = self.train_info_.setdefault("conditioned_on", {"training": n0})
+        counts["validation"] = counts.get("validation", 0) + X.shape[0]
+        return self
+
+    def _after_conditioning(self, n0: int) -> None:
+        """Hook: refresh what depends on the conditioning set (dbk-nn: the posterior of its feature weights)."""
 
     # ---------------------------------------------------------------- prediction
     def _neighbor_tree(self):

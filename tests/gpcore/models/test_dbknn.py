@@ -158,7 +158,8 @@ def test_feature_check_drops_features_that_validate_worse_than_the_residual_alon
     """The check refits the residual GP alone and keeps the features only when they lower the validation
     NLL. Small DBKs do not beat a Vecchia GP on this smooth field: the residual alone is kept, and the model
     kept scores exactly its validation NLL (weighted: with its nugget refitted too)."""
-    model, X, y, w = _checked_fit(weighted)
+    # scored on the validation rows: the posterior before they join its conditioning set
+    model, X, y, w = _checked_fit(weighted, condition_on_validation=False)
     check = model.train_info_["feature_check"]
     assert model.weighted == weighted
     assert {h["stage"] for h in model.history_} == {"residual", "residual only"}
@@ -239,4 +240,6 @@ def test_no_feature_form():
 
 class TestDBKNNBattery(ModelBattery):
     name = "dbk-nn"
-    settings = {k: v for k, v in SMALL.items() if k not in ("dtype", "device")} | {"neighbors": 8, "epochs": 4}
+    # the battery scores the validation rows against the trainer: the posterior before they join it
+    settings = {k: v for k, v in SMALL.items() if k not in ("dtype", "device")} | {"neighbors": 8, "epochs": 4,
+                                                                                   "condition_on_validation": False}

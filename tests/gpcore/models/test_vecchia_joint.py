@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from gpcore import decide, make_model
 from gpcore.posterior import JointPosterior, VecchiaJointPosterior, joint_posterior
@@ -125,3 +126,69 @@ def test_decisions_work_for_the_vecchia_family(data):
         res = decide.suggest(model, X, None, k=3)
         assert res.engine == "vecchia" and len(set(res.index.tolist())) == 3
         assert res.mean_var_after < res.mean_var_before
+
+
+# ---------------------------------------------------------------- every labelled row in the posterior
+
+
+@pytest.mark.parametrize("name,weighted", [("vecchia", False), ("vecchia", True), ("dbk-nn", False),
+                                           ("dbk-nn", True)])
+def test_validation_rows_join_the_posterior_without_a_refit(data, name, weighted):
+    """After training, the validation rows join the conditioning set (``condition_on_validation``, the default):
+    hyperparameters unchanged, and with every neighbour the posterior is the exact GP's conditioned on training
+    and validation rows together; the same fit without it conditions on the training rows only."""
+    X, y, w, Xs = data
+    tr, va = np.arange(70), np.arange(70, N)
+    extra = TINY_DBK if name == "dbk-nn" else {}
+    kw = dict(neighbors=N - 1, pred_neighbors=N, joint_neighbors=100, epochs=3, dtype="float64", device="cpu", **extra)
+    wkw = {"weights": w[tr], "val_weights": w[va]} if weighted else {}
+    both = make_model(name, **kw).fit(X[tr], y[tr], X[va], y[va], **wkw)
+    only = make_model(name, condition_on_validation=False, **kw).fit(X[tr], y[tr], X[va], y[va], **wkw)
+    assert both.train_info_["conditioned_on"] == {"training": 70, "validation": N - 70}
+    assert "conditioned_on" not in only.train_info_
+    for a, b in zip(both.module_.parameters(), only.module_.parameters(), strict=True):
+        assert torch.equal(a, b), "no refit"
+
+    def exact(model, rows):
+        K = model.kernel(np.vstack([X[rows], Xs]))
+        k = len(rows)
+        noise = (model.nugget_variance + model.measurement_noise_variance / w[rows]) if weighted else \
+            np.full(k, model.noise_variance)
+        Kxx, Kxs = K[:k, :k] + np.diag(noise), K[:k, k:]
+        mean = model.prior_mean + Kxs.T @ np.linalg.solve(Kxx, y[rows] - model.prior_mean)
+        return mean, K[k:, k:] - Kxs.T @ np.linalg.solve(Kxx, Kxs)
+
+    for model, rows in ((both, np.arange(N)), (only, tr)):
+        mean, cov = exact(model, rows)
+        pred = model.predict(Xs)
+        np.testing.assert_allclose(pred.mean, mean, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(pred.var_f, np.diag(cov), rtol=1e-6)
+        np.testing.assert_allclose(model.posterior_cov(Xs), cov, rtol=1e-6, atol=1e-9 * np.abs(cov).max())
+    assert (both.predict(X[va]).var_f < only.predict(X[va]).var_f).all()
+
+
+def test_conditioning_survives_save_and_load(data, tmp_path):
+    from gpcore.models import load_model
+
+    X, y, w, Xs = data
+    model = make_model("dbk-nn", neighbors=8, epochs=3, dtype="float64", device="cpu", **TINY_DBK).fit(
+        X[:70], y[:70], X[70:], y[70:])
+    back = load_model(model.save(tmp_path / "m"))
+    assert back.module_.X_train.shape[0] == N and back.train_info_["conditioned_on"]["validation"] == N - 70
+    np.testing.assert_array_equal(back.predict(Xs).mean, model.predict(Xs).mean)
+    np.testing.assert_allclose(back.posterior_cov(Xs[:5]), model.posterior_cov(Xs[:5]), rtol=1e-12)
+
+
+def test_condition_on_checks_its_input(data):
+    from gpcore import InputError
+
+    X, y, w, _ = data
+    model = fit("vecchia", data, full=False, neighbors=8)
+    with pytest.raises(InputError, match="without weights"):
+        model.condition_on(X[:3], y[:3], weights=w[:3])
+    weighted = fit("vecchia", data, weighted=True, full=False, neighbors=8)
+    with pytest.raises(InputError, match="pass the new rows' weights"):
+        weighted.condition_on(X[:3], y[:3])
+    n0 = model.module_.X_train.shape[0]
+    model.condition_on(X[:0], y[:0])
+    assert model.module_.X_train.shape[0] == n0
