@@ -59,7 +59,7 @@ def smoke_settings(name: str) -> dict:
 
 
 def fit_predict(name: str, settings: dict, X, y, X_val, y_val, X_test, *, weights=None, val_weights=None,
-                test_weights=None, seed: int = 0) -> dict:
+                test_weights=None, seed: int = 0, val_groups=None, test_groups=None) -> dict:
     """Fit gpcore model ``name`` (early stopping on the validation rows) and predict the test rows.
 
     With ``weights`` a model that supports them (``GPModel.supports_weights``) is fitted weighted and each
@@ -69,11 +69,13 @@ def fit_predict(name: str, settings: dict, X, y, X_val, y_val, X_test, *, weight
     model = make_model(name, **{"seed": seed, **settings})
     weighted = weights is not None and model.supports_weights
     kw = {"weights": weights, "val_weights": val_weights} if weighted else {}
+    if val_groups is not None:  # strata for recalibrate="group"
+        kw["val_groups"] = val_groups
     t0 = time.perf_counter()
     model.fit(X, y, X_val, y_val, **kw)
     fit_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pred = model.predict(X_test, weights=test_weights if weighted else None)
+    pred = model.predict(X_test, weights=test_weights if weighted else None, groups=test_groups)
     return {"mean": np.asarray(pred.mean), "var_y": np.asarray(pred.var_y), "fit_seconds": fit_s,
             "predict_seconds": time.perf_counter() - t0, "weighted": weighted,
             "epochs": getattr(model, "train_info_", {}).get("epochs_run"), "model": model}

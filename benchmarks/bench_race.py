@@ -4,8 +4,9 @@ For each data set the project's own data path (:func:`gpcore.run.pipeline.prepar
 seeded random 8:1:1 split (``--split block``: whole ``--block-km`` squares); each ``--models`` model
 (default vecchia,dbk-nn,dbk-rbf; a name the registry does not have is skipped with a message) is fitted on the
 training rows with early stopping on the validation rows, and GPBoost's Vecchia GP (Matérn-3/2, 30 neighbours,
-package defaults, a constant fixed effect; ``pip install gpboost``, never a gpcore dependency) on the same
-training rows. One row per (data set, model): test NLL, its differences to GPBoost's unweighted and weighted
+package defaults, a constant fixed effect; ``pip install gpboost``, never a gpcore dependency) as its users fit it:
+on every labelled row the gpcore models were given, training and validation rows together. All are scored on the
+same test rows. One row per (data set, model): test NLL, its differences to GPBoost's unweighted and weighted
 fits (negative = better than that GPBoost), CRPS, 95 % coverage overall and per stratum with ``✗`` when it is more than
 two binomial standard errors (:func:`gpcore.metrics.coverage_se`) from 95 %, fit seconds. Metrics are in the
 transformed units the models train in (log10).
@@ -139,11 +140,17 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
                f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]))
         if args.recalibrate != "none":
             model = r["model"]
-            model.recalibrate(X[va], y[va], val_weights=w[va] if r["weighted"] else None,
-                              val_groups=g[va] if g is not None else None,
-                              kind=args.recalibrate if g is not None else "global")
-            p = model.predict(X[te], weights=w[te] if r["weighted"] else None, groups=g_te)
-            rows.append(score(key, f"{name} +recal {model.recal_['kind']}", wlabel, p.mean, p.var_y, y[te], g_te,
+            kind = args.recalibrate if g is not None else "global"
+            if "conditioned_on" in model.train_info_:  # vecchia, dbk-nn: recalibrate before the validation rows join
+                r = fit_predict(name, {**settings, "recalibrate": kind}, X[tr], y[tr], X[va], y[va], X[te],
+                                seed=cfg.seed, val_groups=g[va] if g is not None else None, test_groups=g_te, **wkw)
+                model, p = r["model"], r
+            else:
+                model.recalibrate(X[va], y[va], val_weights=w[va] if r["weighted"] else None,
+                                  val_groups=g[va] if g is not None else None, kind=kind)
+                pred = model.predict(X[te], weights=w[te] if r["weighted"] else None, groups=g_te)
+                p = {"mean": pred.mean, "var_y": pred.var_y}
+            rows.append(score(key, f"{name} +recal {model.recal_['kind']}", wlabel, p["mean"], p["var_y"], y[te], g_te,
                               r["fit_seconds"], len(tr)))
     if args.gpboost == "none":
         stderr("  --gpboost none: no peer rows (compare with a run that has them)")
@@ -151,9 +158,10 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         variants = [] if (args.gpboost == "weighted" and w is not None) else [("-", None)]
         variants += [(cfg.weight, w)] if args.gpboost != "unweighted" and w is not None else []
         for wlabel, ww in variants:
-            r = gpboost_vecchia(X[tr], y[tr], X[te], weights=None if ww is None else ww[tr],
+            lab = np.concatenate([tr, va])  # every labelled row (the gpcore models see both too)
+            r = gpboost_vecchia(X[lab], y[lab], X[te], weights=None if ww is None else ww[lab],
                                 weights_pred=None if ww is None else ww[te])
-            rows.append(score(key, GPBOOST, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))
+            rows.append(score(key, GPBOOST, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(lab)))
             stderr(f"  {GPBOOST} (weights {wlabel}): fit {r['fit_seconds']:.1f} s, test NLL {rows[-1]['nll']:.4f}, "
                    f"parameters {r['cov_pars']}")
     else:
@@ -222,8 +230,10 @@ def main(argv=None) -> int:
     md = markdown(df)
     header = (f"split {args.split}{f' ({args.block_km:g} km blocks)' if args.split == 'block' else ''}, seed "
               f"{args.seed}{f', training rows subsampled to {args.subsample}' if args.subsample else ''}; "
-              f"coverage ± two binomial SEs (✗ outside); GPBoost with weights: its error variance divided by "
-              f"the row's count; torch {torch.get_num_threads()} thread(s)")
+              f"same labelled rows for every tool: GPBoost fits training + validation rows ('n train' counts "
+              f"both), gpcore models train on the training rows and stop on the validation rows (vecchia and dbk-nn "
+              f"then condition on both); same test rows; coverage ± two binomial SEs (✗ outside); GPBoost with "
+              f"weights: its error variance divided by the row's count; torch {torch.get_num_threads()} thread(s)")
     print(header)
     print(md)
     if args.out:

@@ -370,6 +370,15 @@ class VecchiaGP(GPModel):
         counts["validation"] = counts.get("validation", 0) + X.shape[0]
         return self
 
+    def recalibrate(self, X_val, y_val, **kw) -> dict:
+        """:meth:`GPModel.recalibrate`, refused once the validation rows are in the posterior (they would score
+        their own data): ``fit`` with the ``recalibrate`` setting recalibrates before they join it."""
+        if self.train_info_.get("conditioned_on", {}).get("validation"):
+            raise InputError("this model's posterior already conditions on its validation rows, which cannot then "
+                             "recalibrate it: fit with recalibrate='global' or 'group' (done before they join), or "
+                             "with condition_on_validation=False")
+        return super().recalibrate(X_val, y_val, **kw)
+
     def _after_conditioning(self, n0: int) -> None:
         """Hook: refresh what depends on the conditioning set (dbk-nn: the posterior of its feature weights)."""
 

@@ -192,3 +192,21 @@ def test_condition_on_checks_its_input(data):
     n0 = model.module_.X_train.shape[0]
     model.condition_on(X[:0], y[:0])
     assert model.module_.X_train.shape[0] == n0
+
+
+def test_recalibration_comes_before_the_validation_rows_join(data):
+    """Rows in the posterior cannot recalibrate it (they would score their own data): ``recalibrate`` after the
+    fit is refused, ``fit(recalibrate=...)`` recalibrates first and then conditions."""
+    from gpcore import InputError
+
+    X, y, _, Xs = data
+    model = make_model("vecchia", neighbors=8, epochs=3, dtype="float64", device="cpu").fit(X[:70], y[:70], X[70:],
+                                                                                          y[70:])
+    with pytest.raises(InputError, match="already conditions on its validation rows"):
+        model.recalibrate(X[70:], y[70:])
+    recal = make_model("vecchia", neighbors=8, epochs=3, recalibrate="global", dtype="float64", device="cpu").fit(
+        X[:70], y[:70], X[70:], y[70:])
+    plain = make_model("vecchia", neighbors=8, epochs=3, condition_on_validation=False, dtype="float64",
+                       device="cpu").fit(X[:70], y[:70], X[70:], y[70:])
+    assert recal.recal_["global"] == pytest.approx(plain.recalibrate(X[70:], y[70:], kind="global")["global"])
+    assert recal.train_info_["conditioned_on"]["validation"] == N - 70
