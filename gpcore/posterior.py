@@ -284,8 +284,8 @@ def _kernel_diag(res: Residual, a: torch.Tensor) -> torch.Tensor:
 
 class VecchiaJointPosterior:
     """The joint operations of :class:`JointPosterior` for the Vecchia family (``vecchia``, ``dbk-nn``): built on the
-    joint Vecchia prediction (:mod:`gpcore.models.vecchia_joint`), whose sparse factor is computed once per set of
-    places and reused (areas and samples over the same grid share it). Caller units in and out, float64."""
+    joint Vecchia prediction (:mod:`gpcore.models.vecchia_joint`), whose sparse factor the model computes once per
+    set of places and reuses (areas, samples and suggestions over one grid share it). Caller units, float64."""
 
     has_residual = False
 
@@ -294,8 +294,6 @@ class VecchiaJointPosterior:
         self.model = model
         self.scale = float(model.y_std_)
         self.shift = float(model.y_mean_)
-        self._key = None
-        self._joint = None
 
     @property
     def noise_s(self) -> float:
@@ -306,11 +304,8 @@ class VecchiaJointPosterior:
         return self.model.scale_x(as_2d_float(X, what, d=self.model.d_))
 
     def joint_s(self, Xs: torch.Tensor):
-        """The :class:`~gpcore.models.vecchia_joint.VecchiaJoint` at scaled places (cached for the last set)."""
-        key = (tuple(Xs.shape), hash(Xs.detach().cpu().numpy().tobytes()))
-        if key != self._key:
-            self._joint, self._key = self.model.joint_s(Xs), key
-        return self._joint
+        """The :class:`~gpcore.models.vecchia_joint.VecchiaJoint` at scaled places (the model keeps the last one)."""
+        return self.model.joint_s(Xs)
 
     def cov_s(self, X1s: torch.Tensor, X2s: torch.Tensor) -> torch.Tensor:
         return self.model._posterior_cov_s(X1s, X2s)

@@ -228,7 +228,7 @@ class VecchiaGP(GPModel):
     def _build(self, d, Xs, ys):
         n = 0 if Xs is None else Xs.shape[0]
         mod = self._make_module(d, n)
-        self._tree = None
+        self._tree = self._joint_cache = None
         if Xs is None:
             return mod
         Xn = Xs.detach().double().cpu().numpy()
@@ -364,7 +364,7 @@ class VecchiaGP(GPModel):
             mod.order = torch.cat([mod.order, n0 + perm])
             w = torch.ones(X.shape[0]) if weights is None else torch.as_tensor(as_weights(weights, X.shape[0]))
             mod.w_train = torch.cat([mod.w_train, w.to(mod.w_train)[perm]])
-        self._tree = None
+        self._tree = self._joint_cache = None
         self._after_conditioning(n0)
         counts = self.train_info_.setdefault("conditioned_on", {"training": n0})
         counts["validation"] = counts.get("validation", 0) + X.shape[0]
@@ -441,12 +441,21 @@ class VecchiaGP(GPModel):
 
     # ---------------------------------------------------------------- joint posterior (vecchia_joint)
     def joint_s(self, Xs: torch.Tensor, m_pred: int | None = None):
-        """The joint posterior of f at scaled places ``Xs``: a :class:`~gpcore.models.vecchia_joint.VecchiaJoint`."""
+        """The joint posterior of f at scaled places ``Xs``: a :class:`~gpcore.models.vecchia_joint.VecchiaJoint`.
+
+        The last one is kept (keyed by the places' bytes and ``m_pred``), so areas, samples and suggestions over
+        one grid build its sparse factor once; a new fit or :meth:`condition_on` drops it."""
         from gpcore.models.vecchia_joint import build_joint
 
         self._check_fitted()
+        key = (tuple(Xs.shape), hash(Xs.detach().cpu().numpy().tobytes()), m_pred)
+        cached = getattr(self, "_joint_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         with torch.no_grad():
-            return build_joint(self, Xs, group_covariance, m_pred)
+            joint = build_joint(self, Xs, group_covariance, m_pred)
+        self._joint_cache = (key, joint)
+        return joint
 
     def _joint_residuals(self) -> torch.Tensor:
         """The training residuals the new places condition on: ``y - mu0`` (ordered training points)."""

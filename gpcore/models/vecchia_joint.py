@@ -129,6 +129,7 @@ class VecchiaJoint:
             G = np.concatenate([G, self.Q @ self.F], 1)
         return G
 
+@torch.no_grad()
 def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) -> VecchiaJoint:
     """The :class:`VecchiaJoint` of a fitted ``vecchia`` / ``dbk-nn`` model at scaled inputs ``Xs`` (``n x d``).
 
