@@ -54,16 +54,17 @@ def _phi(z: np.ndarray) -> np.ndarray:
 
 
 def joint_caveat(model) -> str | None:
-    """A note for models trained on a predictive (per-point marginal) objective, else ``None``.
-
-    dPPGP (DBK's default) and PPGP fit ``q(w)`` through the marginal predictive likelihood of single
-    points; the correlations ``q`` implies between places are constrained only by the small KL term, so
-    areal sds can barely shrink with an area's size (docs/decide.md). Exact-posterior (``dbk-mml``, ``exact``),
-    ELBO models (``svgp``, ``solvegp``) and the Vecchia family carry a joint posterior fitted to all the data.
-    """
+    """A note for models trained on a predictive per-point objective (dPPGP, PPGP), else ``None``: the correlations
+    their ``q(w)`` implies between places are barely constrained, unless DBK's joint calibration fitted them on
+    validation blocks (docs/decide.md). Exact-posterior, ELBO and Vecchia-family models get no note."""
     obj = getattr(getattr(model, "config", None), "objective", None)
     if obj not in ("dppgp", "ppgp"):
         return None
+    cal = getattr(model, "train_info_", {}).get("joint_calibration")
+    if obj == "dppgp" and cal and cal.get("rho", 1.0) < 1.0:
+        return (f"{model.registry_name} is trained on a predictive per-point objective ({obj}); its joint "
+                f"correlations were calibrated on validation blocks: {cal['rho']:.2f} of each place's latent variance "
+                "is shared with other places, the rest is its own (docs/decide.md)")
     return (f"{model.registry_name} is trained on a predictive per-point objective ({obj}): its weight posterior "
             "fits the marginals, and the joint correlations it implies (areal sds, sample patterns, suggestions) "
             "are only weakly constrained; compare with dbk-mml or svgp before acting on joint quantities")
@@ -381,7 +382,7 @@ def _residual_features(jp: JointPosterior, D: int, seed: int):
 
 def _marginal_var(jp: JointPosterior, Xs: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
     """Latent variance ``||F^T psi||^2 + (k(x, x) - ||psi||^2)_+`` from already computed features."""
-    v = (P @ jp.factor).pow(2).sum(1)
+    v = (P @ jp.factor).pow(2).sum(1) + jp.form.white_s(Xs)
     if jp.has_residual:
         v = v + (float(jp.form.residual.outputscale) - P.pow(2).sum(1)).clamp_min(0.0)
     return v
@@ -400,6 +401,8 @@ def _greedy_features(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion
         Pc = torch.cat([Pc, xi(Xcs, Pc)], 1)
         Pt = Pc if same else torch.cat([Pt, xi(Xts, Pt)], 1)
         S = torch.block_diag(S, torch.eye(D, dtype=torch.float64))
+    # a place's independent latent variance (white) tells nothing about other places: noise for the picks
+    s2 = s2 + jp.form.white_s(Xcs)
     res = _greedy_lowrank(Pc, Pt, S, v_c, v_t, same, wt, k, s2, Xc, min_km, "features")
     res.weight_cov = None if jp.has_residual else res.weight_cov  # only a pure weight covariance is kept
     return res

@@ -175,7 +175,7 @@ class JointPosterior:
             xb = Xs[i : i + CHUNK]
             P = self.form.features(xb).double()
             means.append(self.form.mu0 + P @ self.mean_w)
-            v = (P @ self.factor).pow(2).sum(-1)
+            v = (P @ self.factor).pow(2).sum(-1) + self.form.white_s(xb)
             if res is not None:
                 a = res.latent(xb).double()
                 v = v + (_kernel_diag(res, a) - P.pow(2).sum(-1)).clamp_min(0.0)
@@ -213,7 +213,7 @@ class JointPosterior:
             Xa = Xs[torch.as_tensor(idx)]  # one group's places at a time: memory O(n_a p)
             v = self.features_s(Xa).T @ wt
             means[g] = float(self.form.mu0 * wt.sum() + v @ self.mean_w)
-            s = float((self.factor.T @ v).pow(2).sum())
+            s = float((self.factor.T @ v).pow(2).sum()) + float(self.form.white_s(Xa) @ wt.pow(2))
             if res is not None:
                 A = self.latent_s(Xa)
                 quad = 0.0
@@ -252,6 +252,9 @@ class JointPosterior:
         for i in range(0, Xs.shape[0], CHUNK):
             xb = Xs[i : i + CHUNK]
             block = self.form.mu0 + self.form.features(xb).double() @ C  # b x s
+            if self.form.white is not None:  # independent between places: a fresh normal per place and sample
+                z = torch.randn(xb.shape[0], n_samples, generator=gen, dtype=torch.float64)
+                block = block + self.form.white_s(xb).sqrt()[:, None] * z
             if res is not None:
                 block = block + _rff_eval(res.latent(xb).double(), Om, ph, th)
             out[:, i : i + CHUNK] = block.T

@@ -24,10 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from gpcore.comm import batch_max, local_grad_scale, reduce_stats_
+from gpcore.models import recalibration
 from gpcore.models.backbone import ResNetBackbone, linear_act
 from gpcore.models.base import GPModel
 from gpcore.models.config import BaseConfig, setting
@@ -67,6 +69,10 @@ class DBKConfig(BaseConfig):
     mml_chunk: int = setting(65536, help="above this many points exact MML uses the two-pass chunked gradient",
                              min=1)
     jitter: float = setting(1e-6, help="relative jitter added to K_ZZ before its Cholesky (DBK-RBF)", min=0.0)
+    joint_calibration: bool = setting(True, help="dPPGP: fit how much of q(w)'s correlation between places is real "
+                                      "on blocks of validation rows (areas, samples, suggestions)")
+    joint_block: float = setting(0.1, help="side of the joint calibration's blocks in scaled inputs ([-1, 1] box)",
+                                 min=0.0, min_inclusive=False)
 
 
 class DBKModule(SoftplusHyperparameters, nn.Module):
@@ -393,13 +399,70 @@ class DBK(GPModel):
         mod = self.module_
         m, F = self.posterior_q()
         Lz = mod.chol_zz() if mod.basis == "rbf" else None
+        F = F.detach().double()
+        rho = getattr(self, "joint_rho_", 1.0)
+        white = None
+        if rho < 1.0:  # the calibrated joint: (1 - rho) of each place's variance independent between places
+            white = lambda xs: (1.0 - rho) * (mod.features(xs, Lz).double() @ F).pow(2).sum(-1)  # noqa: E731
         return FeatureForm(
             features=lambda xs: mod.features(xs, Lz).double(),
             mean=m.detach().double(),
-            factor=F.detach().double(),
+            factor=F * math.sqrt(rho),
             mu0=float(mod.mu0.detach()),
-            note="degenerate kernel phi^T phi': the weight posterior is the whole posterior",
+            note="degenerate kernel phi^T phi': the weight posterior is the whole posterior"
+            + (f" (joint calibration rho = {rho:.2f})" if rho < 1.0 else ""),
+            white=white,
         )
+
+    # ------------------------------------------------------------------ joint calibration (dPPGP)
+    def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, **kw):
+        """:meth:`GPModel.fit`, then (dPPGP, ``joint_calibration``) the joint calibration on the validation rows."""
+        super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, **kw)
+        self.joint_rho_ = 1.0
+        if (self.config.objective == "dppgp" and self.config.joint_calibration and X_val is not None
+                and len(X_val) and not self.train_info_.get("cancelled")):
+            self._calibrate_joint(X_val, y_val, val_weights)
+        return self
+
+    def _calibrate_joint(self, X_val, y_val, val_weights=None) -> None:
+        """dPPGP fits ``q(w)`` through per-point likelihoods, which leave the correlations it implies between places
+        free (they come out near 1 over a whole map). Keep its marginals, but let only ``rho`` of each place's
+        latent variance be correlated through ``q`` and the rest independent, with ``rho`` fitted by the likelihood
+        of the validation rows' block-mean residuals (:func:`gpcore.models.recalibration.joint_mixing`; blocks of
+        side ``joint_block`` in scaled inputs with >= 2 rows; fewer than 10 blocks: ``rho = 1``)."""
+        from gpcore.models.inputs import as_1d_float
+
+        Xv = as_2d_float(X_val, "X_val", d=self.d_)
+        yv = as_1d_float(y_val, Xv.shape[0], "y_val")
+        Xs = self.scale_x(Xv)
+        cells = np.floor((Xs.detach().cpu().numpy() + 1.0) / self.config.joint_block).astype(np.int64)
+        _, inv, counts = np.unique(cells, axis=0, return_inverse=True, return_counts=True)
+        inv = inv.ravel()
+        order = np.argsort(inv, kind="stable")
+        groups = [g for g in np.split(order, np.cumsum(counts)[:-1]) if g.size >= 2]
+        info = {"rho": 1.0, "blocks": len(groups)}
+        if len(groups) >= 10:
+            pred = self.predict(Xv, weights=val_weights)
+            m, F = self.posterior_q()
+            with torch.no_grad():
+                P = torch.cat([phi for _, phi in self._features_chunked(Xs, 4096)]).double() @ F.detach().double()
+            sc2 = self.y_std_**2
+            vj, vi, vn, r = (np.empty(len(groups)) for _ in range(4))
+            for k, g in enumerate(groups):
+                a = 1.0 / g.size
+                vj[k] = float((P[torch.as_tensor(g)].sum(0) * a).pow(2).sum()) * sc2
+                vi[k] = pred.var_f[g].sum() * a * a
+                vn[k] = (pred.var_y[g] - pred.var_f[g]).sum() * a * a
+                r[k] = (yv[g] - pred.mean[g]).mean()
+            info["rho"] = self.joint_rho_ = recalibration.joint_mixing(r, vj, vi, vn)
+        self.train_info_["joint_calibration"] = info
+
+    def _extra_state(self) -> dict:
+        return {**super()._extra_state(), "joint_rho": float(getattr(self, "joint_rho_", 1.0))}
+
+    def _set_extra_state(self, state: dict) -> None:
+        super()._set_extra_state(state)
+        self.joint_rho_ = float(state.get("joint_rho", 1.0))
 
     @torch.no_grad()
     def features(self, X) -> torch.Tensor:

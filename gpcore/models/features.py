@@ -52,6 +52,8 @@ class FeatureForm:
 
     ``features(xs)`` maps scaled inputs (``b x d``) to ``psi`` (``b x p``, float64); ``factor`` is
     ``p x q`` (``q = 0`` when the weights are not random, as for the exact GP); standardised units.
+    ``white(xs)`` (``(b,)``, optional) is a latent variance of each place that is independent between distinct
+    places (DBK's joint calibration, docs/decide.md): ``Cov`` adds it where two places coincide.
     ``note`` says what the model's form is, for docs and the dashboard.
     """
 
@@ -61,6 +63,14 @@ class FeatureForm:
     mu0: float
     residual: Residual | None = None
     note: str = ""
+    white: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def white_s(self, Xs: torch.Tensor) -> torch.Tensor:
+        """``white`` of scaled inputs (``(n,)`` float64; zeros without one), in chunks."""
+        if self.white is None or Xs.shape[0] == 0:
+            return torch.zeros(Xs.shape[0], dtype=torch.float64)
+        return torch.cat([self.white(Xs[i : i + CHUNK]).double() for i in range(0, Xs.shape[0], CHUNK)])
 
     def features_s(self, Xs: torch.Tensor) -> torch.Tensor:
         """``psi`` (``n x p``, float64) of scaled inputs, in chunks of :data:`CHUNK` rows."""
@@ -80,6 +90,9 @@ class FeatureForm:
         C = (P1 @ F) @ (P2 @ F).T
         if self.residual is not None:
             C = C + self.residual.kernel(self.latent_s(X1s), self.latent_s(X2s)).double() - P1 @ P2.T
+        if self.white is not None:  # the same place on both sides
+            same = (X1s[:, None, :] == X2s[None, :, :]).all(-1)
+            C = C + same * self.white_s(X1s)[:, None]
         return C
 
 

@@ -65,3 +65,19 @@ def variance_scale(state: dict | None, m: int, groups=None) -> np.ndarray | floa
         return state["global"]
     g = as_groups(groups, m, "groups")
     return np.array([state["scales"].get(label, state["global"]) for label in g.tolist()], dtype=np.float64)
+
+
+def joint_mixing(resid_means, v_joint, v_ind, v_noise, grid: int = 101) -> float:
+    """The weight ``rho`` in ``[0, 1]`` of a joint posterior's correlated part, fitted on validation blocks.
+
+    For each block, ``resid_means`` is the mean of its rows' residuals ``y - mean``; ``v_joint`` the variance of
+    the mean of their latent values under the model's joint posterior (``a^T Sigma a``), ``v_ind`` the same with
+    the correlations dropped (``sum a_i^2 Sigma_ii``), ``v_noise`` the noise variance of the mean. ``rho``
+    maximises ``sum_B log N(resid_mean_B; 0, rho v_joint + (1 - rho) v_ind + v_noise)`` over a grid. The marginal
+    variances are kept; only how they correlate between places moves (docs/decide.md, "DBK's joint calibration").
+    """
+    r, vj, vi, vn = (np.asarray(a, dtype=np.float64) for a in (resid_means, v_joint, v_ind, v_noise))
+    rhos = np.linspace(0.0, 1.0, grid)
+    var = rhos[:, None] * vj[None, :] + (1.0 - rhos[:, None]) * vi[None, :] + vn[None, :]
+    ll = -0.5 * (np.log(var) + r[None, :] ** 2 / var).sum(1)
+    return float(rhos[int(np.argmax(ll))])
