@@ -99,3 +99,15 @@ def warm_up_torch() -> None:
 
 def stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def report(header: str, md: str, table, out: str | None) -> None:
+    """Print a benchmark's header and markdown table; with ``out``, also write them there and the numbers beside
+    them (``out`` with ``.csv``)."""
+    print(header)
+    print(md)
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{header}\n\n{md}\n")
+        table.to_csv(path.with_suffix(".csv"), index=False)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import fit_predict, known_models, parse_sets, smoke_settings, stderr, warm_up_torch
+from _harness import fit_predict, known_models, parse_sets, report, smoke_settings, stderr, warm_up_torch
 from bench_race import dataset_config
 
 from gpcore import metrics as M
@@ -141,13 +141,7 @@ def main(argv=None) -> int:
               f"defaults, fitted on the training blocks, stopped on the validation blocks; torch "
               f"{torch.get_num_threads()} thread(s)")
     md = markdown(df)
-    print(header)
-    print(md)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(f"{header}\n\n{md}\n")
-        df.to_csv(out.with_suffix(".csv"), index=False)
+    report(header, md, df, args.out)
     return 0 if np.isfinite(df["interval_score"]).all() else 1
 
 

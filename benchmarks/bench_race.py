@@ -56,6 +56,7 @@ from _harness import (
     fit_predict,
     known_models,
     parse_sets,
+    report,
     shared_data,
     smoke_settings,
     stderr,
@@ -234,13 +235,7 @@ def main(argv=None) -> int:
               f"both), gpcore models train on the training rows and stop on the validation rows (vecchia and dbk-nn "
               f"then condition on both); same test rows; coverage ± two binomial SEs (✗ outside); GPBoost with "
               f"weights: its error variance divided by the row's count; torch {torch.get_num_threads()} thread(s)")
-    print(header)
-    print(md)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(f"{header}\n\n{md}\n")
-        df.to_csv(out.with_suffix(".csv"), index=False)
+    report(header, md, df, args.out)
     return 0 if np.isfinite(df["nll"]).all() else 1
 
 
