@@ -76,9 +76,6 @@ class VecchiaJoint:
         out[self.order] = A
         return out
 
-    def _to_order(self, A: np.ndarray) -> np.ndarray:
-        return A[self.order]
-
     def cov(self) -> np.ndarray:
         """The dense ``n x n`` covariance (caller order): for small sets."""
         Li = self._solve(np.diag(np.sqrt(self.d)))  # U^{-1} D^{1/2}, ordering space
@@ -88,10 +85,6 @@ class VecchiaJoint:
             QF = self.Q @ self.F
             C = C + QF @ QF.T
         return C
-
-    def var(self) -> np.ndarray:
-        """``diag(Cov)`` (caller order), by one sparse solve per block of unit vectors: ``O(n^2 m_p)``; small sets."""
-        return np.diag(self.cov()).copy()
 
     def linear(self, W: sp.spmatrix | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and variance of ``W^T f`` for the columns of ``W`` (``n x G``, caller order)."""
@@ -124,7 +117,7 @@ class VecchiaJoint:
         """``G`` (``n x (D + q)``) with ``E[G G^T] = Cov``: the Vecchia part by ``D`` Monte-Carlo columns
         ``U^{-1} D^{1/2} xi / sqrt(D)``, the low-rank part exactly (``Q F``). For greedy design (suggestions)."""
         rng = np.random.default_rng(int(seed) + 7919)
-        G = self._to_caller(self._solve(np.sqrt(self.d)[:, None] * rng.standard_normal((self.n, D)))) / np.sqrt(D)
+        G = self.deviations(rng.standard_normal((self.n, D))) / np.sqrt(D)  # the Vecchia part only (no eta)
         if self.Q is not None:
             G = np.concatenate([G, self.Q @ self.F], 1)
         return G
