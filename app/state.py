@@ -44,7 +44,7 @@ class DatasetSpec:
     transform: str = "log10"
     lon: str | None = None
     lat: str | None = None
-    weight: str | None = None
+    weight: str | None = "tests"  # the sample's measurement counts: weighted fits are the better default
     time: str | None = None
     strata: str | None = "county_metro"
 
@@ -142,6 +142,7 @@ class DatasetSpec:
             quarter=info.default_quarter,
             y=info.target,
             transform=info.transform,
+            weight=info.weight,
             strata="county_metro",
         )
 

@@ -84,7 +84,8 @@ def run_weights(cfg: RunConfig, models, settings, log=print) -> pd.DataFrame:
             variant = "weighted" if weighted else "unweighted"
             for r in _bins(pred.mean, pred.var_y, y_te, w_te, cfg.weight):
                 rows.append({"model": name, "variant": variant, "recal": "none", "fit_s": secs, **r})
-            if prep.strata is not None:
+            if prep.strata is not None and not model.train_info_.get("conditioned_on", {}).get("validation"):
+                # vecchia / dbk-nn: the validation rows joined the posterior, so they cannot recalibrate it
                 model.recalibrate(prep.X[va], prep.y[va], val_weights=prep.weights[va] if weighted else None,
                                   val_groups=prep.strata[va], kind="group")
                 pr = model.predict(prep.X[te], weights=w_te if weighted else None, groups=g_te)

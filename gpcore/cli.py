@@ -98,10 +98,11 @@ def _progress_printer(prefix: str = ""):
 
 
 def cmd_fit(args) -> int:
+    from gpcore.models import DEFAULT_MODEL
     from gpcore.run.pipeline import execute_run
     from gpcore.run.rundir import check_out_dir, read_manifest
 
-    cfg = _run_config(args, args.model, _parse_sets(args.set))
+    cfg = _run_config(args, args.model or DEFAULT_MODEL, _parse_sets(args.set))
     check_out_dir(args.out, args.overwrite)  # before any data is read or any rank starts training
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if getattr(args, "distributed", False):  # under torchrun; see gpcore.distributed
@@ -246,12 +247,13 @@ def cmd_compare(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from gpcore.models import available_models, model_spec
+    from gpcore.models import DEFAULT_MODEL, available_models, model_spec
 
     for name in available_models():
         spec = model_spec(name)
         preset = ", ".join(f"{k}={v}" for k, v in spec.preset.items())
-        print(f"{name:10s} {spec.description}" + (f"  [{preset}]" if preset else ""))
+        default = "  (default)" if name == DEFAULT_MODEL else ""
+        print(f"{name:10s} {spec.description}" + (f"  [{preset}]" if preset else "") + default)
     return 0
 
 
@@ -262,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="train a model on a data file and write a run directory")
     _add_data_args(p)
-    p.add_argument("--model", default="dbk", help="registry name (see `python -m gpcore models`)")
+    p.add_argument("--model", help="registry name (see `python -m gpcore models`; default: the one marked there, "
+                   "the winner of docs/benchmarks/race.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="model setting (repeatable)")
     p.add_argument("--out", required=True, help="run directory to write (must be new or empty)")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (the whole folder)")

@@ -21,10 +21,10 @@ POLL_SECONDS = 0.7
 
 
 def model_picker() -> str:
-    from gpcore.models import available_models, model_spec
+    from gpcore.models import DEFAULT_MODEL, available_models, model_spec
 
     names = available_models()
-    default = "dbk-rbf" if "dbk-rbf" in names else names[0]
+    default = DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
     current = st.session_state.get("w_model", default)
     return st.selectbox(
         "Model", names, index=names.index(current) if current in names else 0, key="w_model",

@@ -12,4 +12,4 @@ from gpcore.models.base import GPModel, Prediction  # noqa: F401
 from gpcore.models.config import BaseConfig  # noqa: F401
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_groups, as_weights  # noqa: F401
 from gpcore.models.io import jsonable, load_model  # noqa: F401
-from gpcore.models.registry import available_models, make_model, model_spec  # noqa: F401
+from gpcore.models.registry import DEFAULT_MODEL, available_models, make_model, model_spec  # noqa: F401

@@ -106,6 +106,8 @@ class GPModel(JointPosteriorAPI):
     Config: ClassVar[type[BaseConfig]] = BaseConfig
     #: whether ``fit(..., weights=)`` is implemented (a model that would ignore weights refuses them instead)
     supports_weights: bool = True
+    #: the ``recalibrate`` a run with strata applies when its settings name none (gpcore.run.pipeline)
+    run_recalibration: ClassVar[str] = "group"
     #: True when predictions need caches computed from the full training data (``_finalize``).
     needs_finalize: ClassVar[bool] = False
     #: config settings this model never reads (e.g. ``batch_size`` of an always full-batch model); the Train page

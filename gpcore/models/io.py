@@ -48,7 +48,7 @@ def save_model(model, path) -> Path:
         "train_info": jsonable(model.train_info_),
         "history": jsonable(model.history_),
     }
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.module_.state_dict().items()}
+    tensors = {k: _compact(v.detach().cpu().contiguous().clone()) for k, v in model.module_.state_dict().items()}
     save_file(tensors, str(path / "model.safetensors"))
     (path / "model.json").write_text(json.dumps(meta, indent=2))
     return path
@@ -170,6 +170,14 @@ def _check_saved_meta(meta: dict, meta_path: Path) -> None:
         raise InputError(f"{e}; the model files are damaged, re-run the fit") from None
 
 
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """int64 index tensors (``vecchia``'s neighbour sets) saved as int32 when every value fits: half the file;
+    :func:`_load_state_resizing` widens them back to the module's dtype."""
+    if t.dtype == torch.int64 and t.numel() and int(t.min()) >= -(2**31) and int(t.max()) < 2**31:
+        return t.to(torch.int32)
+    return t
+
+
 def _load_state_resizing(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """``load_state_dict`` that also accepts data-dependent buffer/parameter shapes."""
     own = module.state_dict()
@@ -177,6 +185,8 @@ def _load_state_resizing(module: nn.Module, state: dict[str, torch.Tensor]) -> N
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise InputError(f"saved tensors do not match the model: missing {missing}, unexpected {unexpected}")
+    state = {k: v.to(own[k].dtype) if own[k].dtype == torch.int64 and v.dtype == torch.int32 else v
+             for k, v in state.items()}
     for key, value in state.items():
         if own[key].shape != value.shape:
             *parents, leaf = key.split(".")

@@ -22,6 +22,10 @@ class ModelSpec:
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
+#: The model a new user gets (the Train page's first choice, ``python -m gpcore fit`` without ``--model``): the
+#: winner of the fair race against GPBoost on four data sets, random and block splits (docs/benchmarks/race.md).
+DEFAULT_MODEL = "dbk-nn"
+
 
 def register(name: str, description: str = "", **preset):
     """Class decorator registering a model under ``name`` (more names via :func:`register_alias`)."""

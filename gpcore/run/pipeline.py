@@ -219,11 +219,13 @@ def run_metrics(mean, var_y, y, strata=None, weights=None, weight_name: str | No
 
 
 def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
-    """The model settings of a run: the config's, plus ``recalibrate="group"`` when the data has strata
-    and the config does not set ``recalibrate`` itself."""
+    """The model settings of a run: the config's, plus the model's ``run_recalibration`` (``"group"``; ``"none"``
+    for ``vecchia`` and ``dbk-nn``) when the data has strata and the config does not set ``recalibrate`` itself."""
+    from gpcore.models import model_spec
+
     settings = cfg.model_settings()
     if prep.strata is not None and "recalibrate" not in settings:
-        settings["recalibrate"] = "group"
+        settings["recalibrate"] = model_spec(cfg.model).cls.run_recalibration
     return settings
 
 

@@ -44,17 +44,24 @@ def test_every_page_renders_on_the_sample(app, store):
 
 def test_fresh_install_shows_a_ready_comparison(empty_store):
     """With an empty run store the bundled ready runs fill Maps and Compare, all on the default data set."""
+    from gpcore.models import DEFAULT_MODEL
     from gpcore.run.store import RunStore
 
     bundled = [r for r in RunStore().list() if r.bundled]
     models = {r.model for r in bundled}
-    assert {"dbk-rbf", "svgp", "ppgp"} <= models, "sample_data/runs/ must hold the ready comparison"
+    assert {DEFAULT_MODEL, "vecchia", "dbk-rbf", "svgp", "ppgp"} <= models, "sample_data/runs/ holds the comparison"
+    for model in (DEFAULT_MODEL, "vecchia"):  # the best models ship random and block runs, each with a grid
+        runs = [r for r in bundled if r.model == model]
+        assert {r.manifest["config"]["split"] for r in runs} == {"random", "block"}, model
+        assert all((r.path / "grid.parquet").is_file() for r in runs), model
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params["xref"] = "-66.5,18.2"  # also load a bundled model: its kernel slice and interval
     at.run()
     no_exceptions(at)
     n = len(bundled)
     assert f"{n} in the store, {n} on this data set" in sidebar_text(at), "the ready runs are on the default data"
+    active = at.sidebar.selectbox(key="w_sidebar_run").value
+    assert next(r for r in bundled if r.run_id == active).model == DEFAULT_MODEL, "the default model's run opens first"
     open_page(at, "maps").run()
     no_exceptions(at)
     assert len(gridmaps(at)) == 2, "the Maps page shows the mean map and a kernel slice"
@@ -62,7 +69,9 @@ def test_fresh_install_shows_a_ready_comparison(empty_store):
     open_page(at, "compare").run()
     no_exceptions(at)
     ranking = at.dataframe[0].value
-    assert {"dbk-rbf", "svgp", "ppgp"} <= set(ranking["model"]), ranking
+    assert {DEFAULT_MODEL, "vecchia", "dbk-rbf", "svgp", "ppgp"} <= set(ranking["model"]), ranking
+    best = ranking.loc[ranking["model"].isin([DEFAULT_MODEL, "vecchia"]), "rank"].min()
+    assert best == 1, ("the default model (or vecchia, its residual alone) ranks first on the bundled data", ranking)
     assert len(at.get("plotly_chart")) == 4, "violins, coverage, calibration, timings"
 
 

@@ -5,11 +5,12 @@ A screenshot of the Decide page is saved as ``test-artifacts/decide.png``.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
-from tests.e2e.helpers import train_from_page
+from tests.e2e.helpers import choose, train_from_page
 from tests.e2e.test_dashboard import nav, screenshot, settle
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +42,7 @@ def test_decide_page_in_the_browser(server, page):
     page.get_by_test_id("stSidebar").get_by_text("Puerto Rico", exact=False).first.wait_for(timeout=120_000)
     settle(page)
     nav(page, "Train")
+    choose(page, "Model", re.compile(r"^dbk-rbf — "))  # a feature-form model here; dbk-nn: test_dbknn.py
     train_from_page(page, (("epochs", 2), ("rank", 16), ("hidden", 16), ("batch size", 2048)), cell_km=4,
                     timeout_ms=150_000)
 

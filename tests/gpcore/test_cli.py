@@ -104,6 +104,20 @@ def test_module_entry_point_exit_code(tmp_path):
     assert proc.returncode == 0 and "dbk-rbf" in proc.stdout
 
 
+def test_fit_without_a_model_trains_the_default_one(csv_file, tmp_path, capsys):
+    """``fit`` with no ``--model`` trains DEFAULT_MODEL (the race's winner), the one ``models`` marks."""
+    from gpcore.models import DEFAULT_MODEL
+
+    assert main(["models"]) == 0
+    marked = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.endswith("(default)")]
+    assert marked == [DEFAULT_MODEL]
+    out = tmp_path / "run"
+    tiny = ["dbk_epochs=2", "epochs=2", "dbk_rank=8", "dbk_hidden=8", "neighbors=8"]
+    assert main(["fit", "--data", str(csv_file), "--x", "lon,lat", "--y", "download_mbps", "--grid", "none",
+                 "--out", str(out), *[a for kv in tiny for a in ("--set", kv)]]) == 0
+    assert json.loads((out / "run.json").read_text())["config"]["model"] == DEFAULT_MODEL
+
+
 def test_predict_and_evaluate_take_bundled_samples(run_dir, tmp_path, capsys):
     """`--data sample:<key>` works for predict and evaluate as it does for fit (it used to be read as a path)."""
     out = tmp_path / "pred.parquet"

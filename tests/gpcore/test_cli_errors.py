@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from gpcore.cli import main
 from gpcore.data import synthetic
 
-TINY = ["--set", "epochs=2", "--set", "rank=8", "--set", "hidden=8", "--set", "batch_size=256"]
+TINY = ["--model", "dbk", "--set", "epochs=2", "--set", "rank=8", "--set", "hidden=8", "--set", "batch_size=256"]
 
 
 @pytest.fixture(scope="module")

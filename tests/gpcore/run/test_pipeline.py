@@ -108,3 +108,17 @@ def test_zero_weights_are_a_clear_data_error(csv_file, tmp_path):
     df.to_csv(path, index=False)
     with pytest.raises(DataError, match=r"column 'tests': 2 row\(s\) have weight 0 \(rows 3, 8\)"):
         prepare(_cfg(path, weight="tests"))
+
+
+@pytest.mark.parametrize("settings,expect", [({}, "none"), ({"recalibrate": "group"}, "group")])
+def test_vecchia_runs_do_not_recalibrate_unless_asked(csv_file, tmp_path, settings, expect):
+    """The Vecchia family's run default is ``none`` (its ``run_recalibration``): calibrated as fitted, and its
+    validation rows join the posterior instead; asked for, ``group`` is fitted before they join."""
+    cfg = dataclasses.replace(_cfg(csv_file, strata="column:county_metro", weight="tests"), model="vecchia",
+                              settings={"epochs": 3, **settings})
+    manifest = json.loads((execute_run(cfg, tmp_path / "v") / "run.json").read_text())
+    assert manifest["model_config"]["recalibrate"] == expect
+    assert bool(manifest["recalibration"]) == (expect == "group")
+    groups = {m["group"] for m in manifest["metrics"]}
+    assert ("all" + NO_RECAL in groups) == (expect == "group")
+    assert manifest["train_info"]["conditioned_on"]["validation"] == manifest["data"]["n_val"]
