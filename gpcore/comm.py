@@ -13,7 +13,10 @@ What the collectives mean for a model's loss (global-batch semantics): docs/scal
 * :func:`batch_max` -- an in-batch maximum over the *global* batch (the dPPGP trace term's
   ``max_j ||phi_j||^2``), its gradient reaching only the rank that owns the arg-max;
 * :func:`reduce_stats_` -- full-batch statistics (``Phi^T Phi``, ``Phi^T y``, ...) summed over ranks in place;
-* :func:`local_grad_scale` -- the factor of gradient contributions a model computes from its own rows.
+* :func:`local_grad_scale` -- the factor of gradient contributions a model computes from its own rows;
+* :func:`reduce_gradients` -- the trainer's gradient all-reduce (mean for DDP-like steps, sum for own-share steps);
+* :func:`own_chunks`, :func:`count_once` -- a model that holds all the rows but computes only its share of a sum of
+  per-point terms (``vecchia``, ``dbk-nn``: ``distributed_own_share``; docs/scaling.md, "Vecchia and dbk-nn").
 """
 
 from __future__ import annotations
@@ -148,6 +151,35 @@ def reduce_stats_(*tensors: torch.Tensor, count: int | None = None) -> int | Non
     return None
 
 
+def reduce_gradients(params: list[torch.Tensor], ctx, extra: torch.Tensor | None = None,
+                     average: bool = False) -> torch.Tensor | None:
+    """All-reduce the gradients of ``params`` over ranks in one flat float64 buffer: their sum (``average``: their
+    mean). ``extra`` (a float64 vector, e.g. a loss share and a failure flag) rides along and is returned summed."""
+    import torch.distributed as dist
+
+    params = [p for p in params if p.requires_grad]
+    if not params and extra is None:
+        return None
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    dev = grads[0].device if grads else extra.device
+    parts = [g.reshape(-1).to(torch.float64) for g in grads]
+    if extra is not None:
+        parts.append(extra.reshape(-1).to(device=dev, dtype=torch.float64))
+    buf = torch.cat(parts)
+    if ctx.backend != "nccl" and dev.type != "cpu":  # pragma: no cover
+        buf = buf.cpu()
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=ctx.group)
+    buf = buf.to(dev)
+    if average:
+        buf = buf / ctx.world_size
+    off = 0
+    for p, g in zip(params, grads, strict=True):
+        k = g.numel()
+        p.grad = buf[off : off + k].reshape(g.shape).to(g.dtype)
+        off += k
+    return None if extra is None else buf[off:]
+
+
 def local_grad_scale() -> float:
     """Factor for gradient contributions a model computes from its own rows (``W`` on a shard, else 1).
 
@@ -156,3 +188,33 @@ def local_grad_scale() -> float:
     """
     ctx = _CURRENT
     return float(ctx.world_size) if ctx is not None and ctx.data_is_shard else 1.0
+
+
+def splits_terms() -> bool:
+    """Whether a model's per-point terms are split over ranks right now (inside a distributed step, W > 1)."""
+    ctx = _CURRENT
+    return ctx is not None and ctx.world_size > 1 and ctx.in_step
+
+
+def own_chunks(n: int, chunk: int) -> range:
+    """Starts of the chunks of ``n`` per-point terms (``range(0, n, chunk)``) that this rank computes.
+
+    Outside a distributed step: all of them. Inside one: a contiguous ``1/W`` of the *single-process* chunks
+    (``torch.tensor_split`` sizes), so every chunk is computed exactly as in one process (same batched
+    Cholesky, same jitter decision) and only the order of the chunk sums differs. A rank may get none.
+    """
+    starts = range(0, n, chunk)
+    if not splits_terms():
+        return starts
+    W, r = _CURRENT.world_size, _CURRENT.rank
+    q, rem = divmod(len(starts), W)
+    lo = r * q + min(r, rem)
+    return starts[lo : lo + q + (1 if r < rem else 0)]
+
+
+def count_once(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on rank 0 and zero elsewhere inside a distributed step, else ``t``: a global term of a loss whose
+    ranks' shares are summed (the loss of the dbk-nn two-pass step, computed whole on every rank)."""
+    if not splits_terms() or _CURRENT.rank == 0:
+        return t
+    return torch.zeros_like(t)

@@ -45,6 +45,11 @@ Two kinds of loss need more than this, and the models use the collectives of :mo
   and are stepped through their own ``_step`` with a manual gradient all-reduce (no DDP wrapper,
   since the two-pass step calls ``backward`` several times).
 
+* **Sums of per-point terms needing their neighbours' rows** (the Vecchia likelihood of ``vecchia``, ``dbk-nn``;
+  ``distributed_own_share = True``): every rank gets all the rows, computes the chunks :func:`~gpcore.comm.own_chunks`
+  gives it, and one all-reduce *sums* the loss shares and gradients, so every optimiser step and every L-BFGS
+  closure evaluation is identical on all ranks (:meth:`DistributedSteps._own_share_step`; docs/scaling.md).
+
 Losses that couple all pairs of points of a batch (SoftKI's batch marginal likelihood, ``b x b``)
 cannot be split this way: each rank uses its shard (``b / W`` points) as its batch and the update
 is the weighted average of the ``W`` shard gradients -- single-process SoftKI with batch size
@@ -55,7 +60,8 @@ Data that does not fit one process: :func:`gpcore.run.sharded.fit_sharded` train
 passes only its own rows, e.g. read lazily with :mod:`gpcore.data.parquet_stream`), with global
 input/target scalers from all-reduced moments. Full-batch statistics are then exact; mini-batches
 are drawn per rank (a rank-seeded permutation of its rows cut into ``ceil(n / batch_size)``
-batches per epoch), which matches single-process training in distribution, not batch by batch.
+batches per epoch), which matches single-process training in distribution, not batch by batch. Models whose
+terms need all the rows (``distributed_own_share``: ``vecchia``, ``dbk-nn``) refuse per-rank shards.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpcore.comm import activate, comm_device, current, step_scope
+from gpcore.comm import activate, comm_device, current, reduce_gradients, step_scope
 from gpcore.errors import ConfigError
 
 __all__ = [
@@ -125,6 +131,11 @@ class DistContext:
         The loop finds it on the current context (:func:`gpcore.comm.current`), so it never imports this module.
         """
         check_supported(model)
+        if self.sharded and getattr(model, "distributed_own_share", False):
+            raise ConfigError(
+                f"{model.registry_name} needs every training row on every rank (its neighbour sets cross any split of "
+                "the rows); train it with the data replicated (GPModel.fit inside a session), not fit_sharded"
+            )
         n = Xs.shape[0]
         probe = (Xs[:8], ys[:8], n) if n > 0 else None
         cfg = model.config
@@ -194,7 +205,7 @@ def init_distributed(backend: str = "auto", timeout_s: float = 1800.0) -> DistCo
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    group = dist.new_group(backend=backend)
+    group = dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     return DistContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -247,7 +258,7 @@ def check_supported(model) -> None:
     if model.full_batch and not getattr(model, "distributed_full_batch", False):
         raise ConfigError(
             f"{model.registry_name} trains on all the data at every step and has no distributed form; "
-            "drop --distributed (or use a mini-batch model such as dbk, svgp, softki or solvegp)"
+            "drop --distributed (or use a mini-batch model such as dbk, svgp, softki or solvegp, or vecchia)"
         )
 
 
@@ -267,23 +278,7 @@ def broadcast_module(module: nn.Module, ctx: DistContext) -> None:
 
 def average_gradients(params: list[torch.Tensor], ctx: DistContext) -> None:
     """All-reduce the mean of the gradients of ``params`` over ranks (one flat buffer)."""
-    import torch.distributed as dist
-
-    params = [p for p in params if p.requires_grad]
-    if not params:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    dev = grads[0].device
-    buf = torch.cat([g.reshape(-1).to(torch.float64) for g in grads])
-    if ctx.backend != "nccl" and dev.type != "cpu":  # pragma: no cover
-        buf = buf.cpu()
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=ctx.group)
-    buf = buf.to(dev) / ctx.world_size
-    off = 0
-    for p, g in zip(params, grads, strict=True):
-        k = g.numel()
-        p.grad = buf[off : off + k].reshape(g.shape).to(g.dtype)
-        off += k
+    reduce_gradients(params, ctx, average=True)
 
 
 class DistributedSteps:
@@ -291,7 +286,9 @@ class DistributedSteps:
 
     Replicated data: each global batch (the single-process trainer's) is split ``batch[rank::W]``.
     Sharded data: each rank permutes its own rows (seeded by ``seed`` and rank) and cuts them into
-    the same number of batches per epoch as a single process would have.
+    the same number of batches per epoch as a single process would have. Models with
+    ``distributed_own_share`` get all the rows at every step and split their terms themselves
+    (:meth:`_own_share_step`).
     """
 
     def __init__(self, model, ctx: DistContext, n_local: int, batch_size: int, full: bool, seed: int, probe=None,
@@ -320,6 +317,8 @@ class DistributedSteps:
             self.gen = torch.Generator().manual_seed(seed)
         self.batch_size = batch_size
         self.manual = model.full_batch  # full-batch models step themselves (two-pass statistics)
+        # the model needs all the rows and computes its own share of the terms (vecchia, dbk-nn)
+        self.own_share = self.manual and bool(getattr(model, "distributed_own_share", False))
         self.ddp = None
         if not self.manual:
             self.ddp = self._wrap_ddp()
@@ -370,6 +369,8 @@ class DistributedSteps:
         if not self.ctx.sharded:
             if self.full:
                 idx = torch.arange(self.n_local, device=device)
+                if self.own_share:  # every rank all the rows; the model takes its share of the terms
+                    return [(idx, self.n_local, self.n_local)]
                 return [(idx[self.ctx.rank :: self.W], len(range(self.ctx.rank, self.n_local, self.W)), self.n_local)]
             perm = torch.randperm(self.n_local, generator=self.gen).to(device)
             out = []
@@ -385,10 +386,14 @@ class DistributedSteps:
         return [(locs[k], sizes[self.ctx.rank][k], sum(s[k] for s in sizes)) for k in range(self.steps)]
 
     # ----------------------------------------------------------------- one step
-    def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int, ws=None) -> torch.Tensor:
-        """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached).
+    def step(self, Xs, ys, local_idx, b_local: int, b_global: int, n: int, ws=None,
+             global_loss: bool = False) -> torch.Tensor:
+        """Forward + backward of this rank's shard; returns its share ``(b_k / b) L_k`` (detached), or with
+        ``global_loss`` the loss summed over ranks (the same on every rank: what an L-BFGS closure returns).
 
         ``ws``: this rank's rows' weights (weighted fits); the loss gets those of the shard's rows."""
+        if self.own_share:  # local_idx is all the rows (epoch_batches)
+            return self._own_share_step(Xs, ys, n, ws, global_loss)
         empty = b_local == 0
         if empty:  # keep every rank in the collectives; contributes nothing
             xb, yb = Xs[:1], ys[:1]
@@ -404,7 +409,31 @@ class DistributedSteps:
                 loss = self.ddp(xb, yb, n, wb)
                 (loss * (self.W * share)).backward()
                 loss = loss.detach()
+        if global_loss:
+            return self.reduce_epoch_total(loss * share)
         return loss * share
+
+    def _own_share_step(self, xb, yb, n: int, wb, global_loss: bool) -> torch.Tensor:
+        """One step of a ``distributed_own_share`` model (docs/scaling.md, "Vecchia and dbk-nn"): ``model._step``
+        computes this rank's chunks and returns its loss share; one all-reduce sums gradients, loss shares and a
+        failure flag. A factorisation failing on any rank raises ``LinAlgError`` on every rank (zero gradients)."""
+        params = [p for p in self.model.module_.parameters() if p.requires_grad]
+        failed = 0.0
+        with step_scope(self.ctx):
+            try:
+                share = self.model._step(xb, yb, n, wb).detach().to(torch.float64)
+            except torch.linalg.LinAlgError:
+                failed, share = 1.0, torch.zeros((), dtype=torch.float64, device=xb.device)
+                for p in params:
+                    p.grad = None
+        extra = torch.stack([share.reshape(()), torch.tensor(failed, dtype=torch.float64, device=share.device)])
+        total, n_failed = reduce_gradients(params, self.ctx, extra).unbind()
+        if n_failed.item() > 0:
+            for p in params:
+                p.grad.zero_()
+            raise torch.linalg.LinAlgError("a factorisation failed on one of the ranks (non-finite or far from "
+                                           "positive-definite parameters)")
+        return total if global_loss else share
 
     def reduce_epoch_total(self, total: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
@@ -422,8 +451,9 @@ class DistributedSteps:
 
         model = self.model
         with torch.no_grad():
-            if model.needs_finalize:
-                model.finalize(Xs, ys, ws)
+            if model.needs_finalize:  # own share (dbk-nn): its sums split over ranks like a step's
+                with step_scope(self.ctx) if self.own_share else contextlib.nullcontext():
+                    model.finalize(Xs, ys, ws)
             if not self.ctx.sharded:
                 Xv, yv = Xv[self.ctx.rank :: self.W], yv[self.ctx.rank :: self.W]
                 wv = None if wv is None else wv[self.ctx.rank :: self.W]

@@ -24,7 +24,9 @@ It is exact when ``m = n - 1`` (then ``Sigma_v = K_r + D``), which the tests che
 ``N(mu0, a^2 Phi Phi^T + K_r + D)``. One evaluation costs ``O(n m^3 + n m p + n p^2)`` and runs in
 chunks: a first pass sums ``U^T U``, ``U^T u``, ``|u|^2`` and ``sum log Dv`` without a graph, the loss is
 differentiated with respect to these sums, and a second pass pushes those adjoints through each chunk
-(memory of one chunk, as DBK's two-pass MML).
+(memory of one chunk, as DBK's two-pass MML). Under ``torchrun ... --distributed`` each rank runs both passes over
+its share of the chunks and the sums are all-reduced between them (docs/scaling.md, "Vecchia and dbk-nn"); stage 1
+trains its DBK distributed as any DBK.
 
 Posterior and prediction. ``w | y ~ N(M^{-1} U^T u, M^{-1})`` exactly (given the Vecchia ``Sigma_v``). A new
 point ``x`` conditions its residual on its ``k`` nearest training points ``N`` given ``w``:
@@ -71,6 +73,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from gpcore.comm import count_once, own_chunks, reduce_stats_, splits_terms
 from gpcore.models import training
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
@@ -256,6 +259,8 @@ class DBKNN(VecchiaGP):
         return -0.5 * n * LOG_2PI - 0.5 * logdv - torch.log(LM.diagonal()).sum() - 0.5 * uu + 0.5 * v.pow(2).sum()
 
     def _stats(self, Phi: torch.Tensor, ws: torch.Tensor | None = None):
+        """``(U^T U, U^T u, |u|^2, sum log Dv)``; in a distributed step over this rank's chunks, then summed over
+        ranks (no graph there), a factorisation failing on any rank raising on every rank (docs/scaling.md)."""
         n = self.module_.X_train.shape[0]
         p = Phi.shape[1]
         dev = Phi.device
@@ -264,12 +269,22 @@ class DBKNN(VecchiaGP):
         uu = torch.zeros((), dtype=torch.float64, device=dev)
         ld = torch.zeros((), dtype=torch.float64, device=dev)
         cs = self.config.chunk_size
-        for i in range(0, n, cs):
-            U, u, logdv = self._chunk_terms(i, min(i + cs, n), Phi, ws)
-            S += U.T @ U
-            c += U.T @ u
-            uu += u @ u
-            ld += logdv.sum()
+        failed = torch.zeros((), dtype=torch.float64, device=dev)
+        try:
+            for i in own_chunks(n, cs):
+                U, u, logdv = self._chunk_terms(i, min(i + cs, n), Phi, ws)
+                S += U.T @ U
+                c += U.T @ u
+                uu += u @ u
+                ld += logdv.sum()
+        except torch.linalg.LinAlgError:
+            if not splits_terms():
+                raise
+            failed += 1.0
+        if splits_terms():
+            reduce_stats_(S, c, uu, ld, failed)
+            if failed.item() > 0:
+                raise torch.linalg.LinAlgError("a factorisation failed on one of the ranks")
         return S, c, uu, ld
 
     def log_likelihood(self, ws: torch.Tensor | None = None) -> torch.Tensor:
@@ -296,14 +311,15 @@ class DBKNN(VecchiaGP):
         loss.backward()
         gS, gc, guu, gld = (t.grad for t in stats)
         cs = self.config.chunk_size
-        for i in range(0, N, cs):
+        for i in own_chunks(N, cs):  # distributed: this rank's chunks; the trainer sums the gradients over ranks
             U, u, logdv = self._chunk_terms(i, min(i + cs, N), Phi, wb)
             surrogate = (gS * (U.T @ U)).sum() + (gc * (U.T @ u)).sum() + guu * (u @ u) + gld * logdv.sum()
             surrogate.backward()
         if Phi_graph is not None:
-            Phi_graph.backward(Phi.grad)
+            if Phi.grad is not None:  # None only on a rank without chunks
+                Phi_graph.backward(Phi.grad)
             self._phi_cache = None  # the features move with this step
-        return loss.detach()
+        return count_once(loss.detach())  # the loss is whole on every rank: rank 0's share
 
     # ---------------------------------------------------------------- stages 2 and 3
     def _feature_parameters(self) -> list[nn.Parameter]:

@@ -14,8 +14,10 @@ and the validation NLL scores each validation row with its own weight.
 
 The loop lives in the models package so that ``GPModel.fit`` needs nothing above it. Inside a
 :func:`gpcore.distributed.session` with more than one process the same loop trains across ranks
-(DistributedDataParallel for mini-batch losses, a gradient all-reduce for full-batch ones; see
-:mod:`gpcore.distributed` for the global-batch semantics): the loop takes the current context from
+(DistributedDataParallel for mini-batch losses, a gradient all-reduce for full-batch ones, and for models whose
+terms each rank shares out itself -- ``vecchia``, ``dbk-nn`` -- a sum of loss and gradient over ranks at every step
+and every L-BFGS closure evaluation; see :mod:`gpcore.distributed` for the global-batch semantics and
+docs/scaling.md): the loop takes the current context from
 :func:`gpcore.comm.current` and asks it for a step strategy, ``ctx.training_steps(model, Xs, ys, ws)``
 (duck-typed; :class:`gpcore.distributed.DistributedSteps` is the one in use), with ``n_global``, ``W``,
 ``full``, ``ctx.is_main``, ``epoch_batches``, ``step``, ``reduce_epoch_total``, ``validation_metrics``,
@@ -175,19 +177,21 @@ def _make_optimizer(model, cfg, perf: Performance):
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
-def _lbfgs_step(model, opt, xb, yb, n, wb=None):
-    """One L-BFGS iteration (its line search calls ``model._step`` as the closure); returns the loss
-    at the start of the iteration. A trial point whose loss is not finite (or whose factorisation fails)
+def _lbfgs_step(opt, step, device):
+    """One L-BFGS iteration (its line search calls ``step()`` -- ``model._step`` on the full batch, or in a
+    distributed job the strategy's step returning the loss summed over ranks -- as the closure); returns the
+    loss at the start of the iteration. A trial point whose loss is not finite (or whose factorisation fails)
     returns a huge finite loss with a zero gradient, which the line search rejects by shrinking the step
-    (an infinite value would turn its cubic interpolation into NaN)."""
+    (an infinite value would turn its cubic interpolation into NaN). Distributed, every closure evaluation
+    all-reduces loss and gradient, so every rank's line search sees the same values and takes the same step."""
 
     def closure():
         opt.zero_grad(set_to_none=False)
         try:
-            loss = model._step(xb, yb, n, wb)
+            loss = step()
             ok = bool(torch.isfinite(loss))
         except torch.linalg.LinAlgError:
-            loss, ok = torch.zeros((), dtype=torch.float64, device=xb.device), False
+            loss, ok = torch.zeros((), dtype=torch.float64, device=device), False
         if not ok:
             for g in opt.param_groups:
                 for p in g["params"]:
@@ -256,13 +260,19 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
         total = torch.zeros((), device=Xs.device, dtype=torch.float64)
         if dist_steps is not None:
             batches = dist_steps.epoch_batches(Xs.device)
+            lbfgs = isinstance(opt, torch.optim.LBFGS)
             for idx, b_local, b_global in batches:
-                opt.zero_grad(set_to_none=True)
-                loss = dist_steps.step(Xs, ys, idx, b_local, b_global, n, ws)
-                opt.step()
+                if lbfgs:  # the closure returns the loss summed over ranks
+                    loss = _lbfgs_step(opt, functools.partial(dist_steps.step, Xs, ys, idx, b_local, b_global, n, ws,
+                                                              global_loss=True), Xs.device)
+                else:
+                    opt.zero_grad(set_to_none=True)
+                    loss = dist_steps.step(Xs, ys, idx, b_local, b_global, n, ws)
+                    opt.step()
                 total += loss.double()
                 step += 1
-            total = dist_steps.reduce_epoch_total(total)
+            if not lbfgs:
+                total = dist_steps.reduce_epoch_total(total)
         else:
             if full:
                 batches = [None]
@@ -272,7 +282,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
                 xb, yb = (Xs, ys) if idx is None else (Xs[idx], ys[idx])
                 wb = None if ws is None else (ws if idx is None else ws[idx])
                 if isinstance(opt, torch.optim.LBFGS):
-                    loss = _lbfgs_step(model, opt, xb, yb, n, wb)
+                    loss = _lbfgs_step(opt, functools.partial(model._step, xb, yb, n, wb), xb.device)
                 else:
                     opt.zero_grad(set_to_none=True)
                     loss = model._step(xb, yb, n, wb)

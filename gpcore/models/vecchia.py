@@ -31,7 +31,10 @@ Vecchia likelihood through :mod:`gpcore.models.training` (``full_batch``: one st
 validation NLL when a validation set is given). The backward pass runs chunk by chunk (``_step``),
 so memory is bounded by one chunk whatever ``n`` is. The lengthscales start at the neighbourhood
 radius (``lengthscale_init=0``: the median distance to the m-th nearest predecessor). The optimiser is
-the config's ``optimizer`` (L-BFGS by default, one strong-Wolfe iteration per epoch; or AdamW).
+the config's ``optimizer`` (L-BFGS by default, one strong-Wolfe iteration per epoch; or AdamW). Under ``torchrun
+... --distributed`` (``distributed_own_share``) every rank holds all the ordered points and neighbour sets and
+computes a contiguous share of the chunks; the trainer sums loss and gradients over ranks at every step and L-BFGS
+closure evaluation (docs/scaling.md, "Vecchia and dbk-nn").
 
 Prediction: each new point conditions on its ``pred_neighbors`` (default ``neighbors``) nearest
 training points: ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN +
@@ -57,6 +60,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gpcore.comm import own_chunks
 from gpcore.errors import InputError
 from gpcore.models.base import GPModel
 from gpcore.models.config import BaseConfig, setting
@@ -212,6 +216,9 @@ class VecchiaGP(GPModel):
     unused_settings = ("batch_size",)  # always full batch
     #: finalize stores the ordered training weights (their noise enters every prediction's neighbour set)
     needs_finalize = True
+    #: trains under torchrun: every rank all the rows, its share of the chunks (_step; docs/scaling.md)
+    distributed_full_batch = True
+    distributed_own_share = True
     uncertainty_note: ClassVar[str] = (
         "The Vecchia GP is a stationary GP conditioned on nearby data: intervals return to the prior far "
         "from measurements but do not adapt to input-dependent noise."
@@ -310,12 +317,14 @@ class VecchiaGP(GPModel):
         return (-self.log_likelihood(wb) / n).to(self.module_.raw_noise.dtype)
 
     def _step(self, xb, yb, n, wb=None):
-        """One backward pass chunk by chunk (memory of one chunk), gradients accumulated."""
+        """One backward pass chunk by chunk (memory of one chunk), gradients accumulated. In a distributed step
+        only this rank's chunks (:func:`gpcore.comm.own_chunks`): loss and gradient are its shares, which the
+        trainer sums over ranks (docs/scaling.md)."""
         self._check_train_batch(xb)
         total = torch.zeros((), dtype=torch.float64, device=xb.device)
         cs = self.config.chunk_size
         N = self.module_.X_train.shape[0]
-        for i in range(0, N, cs):
+        for i in own_chunks(N, cs):
             loss = -self.vecchia_terms(i, min(i + cs, N), wb).sum() / n
             loss.backward()
             total += loss.detach()
