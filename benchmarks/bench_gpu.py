@@ -8,6 +8,7 @@ run. Target on one H100: one DBK epoch <= 1 s.
     python benchmarks/bench_gpu.py --smoke          # seconds, tiny, any machine (CI)
     python benchmarks/bench_gpu.py --profile        # also count host-device syncs per training step (CUDA)
     python benchmarks/bench_gpu.py --backbone-precision bf16 --compile --json out.json
+    python benchmarks/bench_gpu.py --vecchia 100000,1000000 --vecchia-only   # vecchia and dbk-nn fit / predict
 
 Without a CUDA GPU the script says so in its first line and in the JSON (``"gpu": false``); its
 numbers are then CPU numbers of a reduced setting and must not be read as GPU numbers.
@@ -185,6 +186,53 @@ def profile_syncs(X, y, cfg: dict, device: torch.device) -> dict:
             "note": "a fit also syncs once per epoch (loss read-back) and in set-up/finalize; compare with steps"}
 
 
+def bench_vecchia_family(n: int, device: torch.device, epochs: int, cells: int, chunk: int,
+                         models=("vecchia", "dbk-nn")) -> list[dict]:
+    """Fit and prediction seconds of ``vecchia`` and ``dbk-nn`` at ``n`` points (90 % training, 10 % validation,
+    condition_on_validation as by default), each with ``epochs`` residual epochs (dbk-nn: 3 DBK epochs at batch
+    4096, no feature check), and prediction of ``cells`` new places end to end (neighbour search on the CPU, the
+    batched Choleskys on ``device``). ``setup_s`` = fit time beyond the median epoch times the epochs run
+    (ordering, neighbour search, posterior, conditioning on the validation rows)."""
+    X, y = synthetic_georgia(n, seed=1)
+    k = int(0.9 * n)
+    Xp = np.random.default_rng(2).uniform([GA_BOX[0], GA_BOX[2]], [GA_BOX[1], GA_BOX[3]], size=(cells, 2))
+    out = []
+    family = (("vecchia", {}), ("dbk-nn", {"dbk_epochs": 3, "dbk_batch_size": 4096, "feature_check": False}))
+    for name, settings in [f for f in family if f[0] in models]:
+        times: list[float] = []
+        last = [0.0]
+
+        def cb(p, times=times, last=last):
+            now = time.perf_counter()
+            times.append(now - last[0])
+            last[0] = now
+
+        model = make_model(name, epochs=epochs, chunk_size=chunk, device=device.type, seed=0, **settings)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _sync(device)
+        t0 = last[0] = time.perf_counter()
+        model.fit(X[:k], y[:k], X[k:], y[k:], callback=cb)
+        _sync(device)
+        fit_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        pred = model.predict(Xp)
+        _sync(device)
+        pred_s = time.perf_counter() - t1
+        row = {"model": name, "n": n, "epochs": len(times), "fit_s": fit_s,
+               "epoch_s": statistics.median(times[1:] or times),
+               "predict_cells": cells, "predict_s": pred_s, "predict_cells_per_s": cells / pred_s,
+               "finite": bool(np.isfinite(pred.mean).all() and np.isfinite(pred.var_y).all()),
+               "peak_gpu_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+        # ordering, neighbour search, posterior, conditioning (dbk-nn's stages have epochs of unequal cost: none)
+        row["setup_s"] = fit_s - row["epoch_s"] * len(times) if name == "vecchia" else None
+        print(f"{name} n={n:,}: fit {fit_s:.1f} s ({row['epochs']} epochs, median {row['epoch_s']:.2f} s/epoch, "
+              f"setup {row['setup_s'] or 0:.1f} s); predict {cells:,} cells {pred_s:.1f} s"
+              + (f"; peak GPU memory {row['peak_gpu_gib']:.1f} GiB" if row["peak_gpu_gib"] is not None else ""))
+        out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny setting that runs in seconds on any machine")
@@ -202,6 +250,11 @@ def main(argv=None) -> int:
                     help="backbone matmul precision on CUDA (default tf32)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the backbone (CUDA)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--vecchia", metavar="N,N", help="also fit vecchia and dbk-nn at these sizes (e.g. 100000,1000000)")
+    ap.add_argument("--vecchia-epochs", type=int, default=10, help="residual epochs of --vecchia fits")
+    ap.add_argument("--vecchia-chunk", type=int, default=512, help="points per batched Cholesky of --vecchia fits")
+    ap.add_argument("--vecchia-only", action="store_true", help="skip the DBK / GPyTorch part")
+    ap.add_argument("--vecchia-models", default="vecchia,dbk-nn", help="which of vecchia, dbk-nn --vecchia fits")
     args = ap.parse_args(argv)
 
     gpu = torch.cuda.is_available()
@@ -228,10 +281,24 @@ def main(argv=None) -> int:
           f"m={cfg['inducing']} epochs={cfg['epochs']} predict={cfg['predict']:,} cells")
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    X, y = synthetic_georgia(cfg["n"])
     res: dict = {"gpu": gpu, "device": describe_device(device.type), "setting": setting, "config": cfg,
                  "torch": torch.__version__, "backbone_precision": os.environ.get("GPCORE_BACKBONE_PRECISION"),
                  "compile": bool(args.compile)}
+    if args.smoke and not args.vecchia:
+        args.vecchia, args.vecchia_epochs = "2000", 2
+    if args.vecchia:
+        sizes = [int(v) for v in args.vecchia.split(",") if v.strip()]
+        res["vecchia"] = [r for n in sizes for r in bench_vecchia_family(
+            n, device, args.vecchia_epochs, min(cfg["predict"], max(sizes)), args.vecchia_chunk,
+            tuple(args.vecchia_models.split(",")))]
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2))
+    if args.vecchia_only:
+        res["total_s"] = time.perf_counter() - t0
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2))
+        return 0
+    X, y = synthetic_georgia(cfg["n"])
     dbk, model = bench_dbk(X, y, cfg, device)
     res["dbk"] = dbk
     print(f"DBK-dPPGP: {dbk['epoch_s']:.3f} s/epoch ({dbk['steps_per_epoch']} steps; first epoch "

@@ -19,6 +19,8 @@ from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
 METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "pi_width_mean", "fit_seconds", "predict_seconds"]
+#: Runs compared on first open (newest first, then the bundled ones: all ten of a fresh install's two kinds fit).
+DEFAULT_RUNS = 8
 #: The tables' split column wide enough to read "Spatial blocks (10 km)" whole.
 SPLIT_COLUMN = {"split": st.column_config.TextColumn("split", width="medium")}
 
@@ -35,7 +37,7 @@ def pick_runs(runs, data_hash: str) -> tuple[list, str]:
     titles = cache.run_titles(pool)
     ids = [r.run_id for r in pool]
     key = "w_cmp_runs" if kind == "random" else f"w_cmp_runs_{kind}"  # one choice of runs per split kind
-    chosen = st.multiselect("Runs", ids, default=ids[:6], format_func=titles.get, key=key)
+    chosen = st.multiselect("Runs", ids, default=ids[:DEFAULT_RUNS], format_func=titles.get, key=key)
     by_id = {r.run_id: r for r in pool}
     return [by_id[i] for i in chosen], kind
 

@@ -171,10 +171,15 @@ def _check_saved_meta(meta: dict, meta_path: Path) -> None:
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
-    """int64 index tensors (``vecchia``'s neighbour sets) saved as int32 when every value fits: half the file;
-    :func:`_load_state_resizing` widens them back to the module's dtype."""
-    if t.dtype == torch.int64 and t.numel() and int(t.min()) >= -(2**31) and int(t.max()) < 2**31:
-        return t.to(torch.int32)
+    """int64 index tensors (``vecchia``'s neighbour sets) saved as the narrowest of int16 / int32 that holds every
+    value (a quarter or half of the file); :func:`_load_state_resizing` widens them back to the module's dtype."""
+    if t.dtype != torch.int64 or not t.numel():
+        return t
+    lo, hi = int(t.min()), int(t.max())
+    for dt in (torch.int16, torch.int32):
+        info = torch.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return t.to(dt)
     return t
 
 
@@ -185,7 +190,8 @@ def _load_state_resizing(module: nn.Module, state: dict[str, torch.Tensor]) -> N
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise InputError(f"saved tensors do not match the model: missing {missing}, unexpected {unexpected}")
-    state = {k: v.to(own[k].dtype) if own[k].dtype == torch.int64 and v.dtype == torch.int32 else v
+    narrow = (torch.int16, torch.int32)
+    state = {k: v.to(own[k].dtype) if own[k].dtype == torch.int64 and v.dtype in narrow else v
              for k, v in state.items()}
     for key, value in state.items():
         if own[key].shape != value.shape:

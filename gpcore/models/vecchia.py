@@ -377,7 +377,8 @@ class VecchiaGP(GPModel):
             w = torch.ones(X.shape[0]) if weights is None else torch.as_tensor(as_weights(weights, X.shape[0]))
             mod.w_train = torch.cat([mod.w_train, w.to(mod.w_train)[perm]])
         self._tree = self._joint_cache = None
-        self._after_conditioning(n0)
+        with torch.no_grad():  # the refreshed posterior needs no graph (at 1 M rows one would fill a GPU)
+            self._after_conditioning(n0)
         counts = self.train_info_.setdefault("conditioned_on", {"training": n0})
         counts["validation"] = counts.get("validation", 0) + X.shape[0]
         return self

@@ -51,6 +51,7 @@ def test_four_sessions_train_and_browse_without_cross_talk(store):
     for name, seed in (("A", 11), ("B", 12)):
         at = sessions[name]
         open_page(at, "train").run()
+        at.selectbox(key="w_model").select("dbk-rbf").run()  # tiny and quick (the default is dbk-nn)
         for key, value in (*TINY.items(), ("epochs", 6)):
             at.number_input(key=f"w_set_dbk-rbf_{key}").set_value(value)
         at.number_input(key="w_seed").set_value(seed)
