@@ -259,8 +259,18 @@ def run_title(run_id: str, manifest: dict) -> str:
 
 
 def run_titles(runs) -> dict[str, str]:
-    """``{run_id: title}`` for the run selectors (bundled runs say so)."""
-    return {r.run_id: run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "") for r in runs}
+    """``{run_id: title}`` for the run selectors (bundled runs say so; :func:`unique_labels`)."""
+    return unique_labels({r.run_id: run_title(r.run_id, r.manifest) + (" (bundled)" if r.bundled else "")
+                          for r in runs})
+
+
+def unique_labels(titles: dict[str, str]) -> dict[str, str]:
+    """``titles`` with the run id added to every label that two runs share: a selectbox tells its options apart by
+    their labels (two runs of one model in the same minute with the same NLL would otherwise pick the first)."""
+    seen: dict[str, int] = {}
+    for label in titles.values():
+        seen[label] = seen.get(label, 0) + 1
+    return {rid: f"{label} · {rid}" if seen[label] > 1 else label for rid, label in titles.items()}
 
 
 def has_grid(path) -> bool:

@@ -55,7 +55,7 @@ def render_sidebar(data) -> list:
         on_data = [r for r in runs if r.data_hash == data.data_hash]
         st.markdown(f"**Runs** ({len(runs)} in the store, {len(on_data)} on this data set)")
         if runs:
-            titles = {r.run_id: _run_label(r, data.data_hash) for r in runs}
+            titles = cache.unique_labels({r.run_id: _run_label(r, data.data_hash) for r in runs})
             state.control(
                 st.selectbox, "Active run", ids, format_func=titles.get, name="run", valid=lambda v: v in ids,
                 help="The run shown on Maps, Decide and Export. Runs persist in the run store across restarts.",

@@ -116,3 +116,25 @@ def test_train_page_renders_every_registered_model(app, store):
         keys = {w.key for w in app.number_input}
         offered_batch = f"w_set_{name}_batch_size" in keys
         assert offered_batch == (name not in ("exact", "vecchia", "dbk-nn")), f"{name}: batch size offered only if read"
+
+
+def test_two_runs_with_the_same_label_stay_apart_in_the_picker(app, store):
+    """A selectbox tells options apart by their labels: two runs of one model made in the same minute with the same
+    test NLL (an identical re-run) must not share one, or choosing the second selects the first."""
+    import shutil
+
+    from app import cache
+
+    src = store / "20240101-000000-000-dbk-rbf"
+    twin = store / "20240101-000000-001-dbk-rbf"
+    shutil.copytree(src, twin)
+    app.run()
+    no_exceptions(app)
+    box = app.sidebar.selectbox(key="w_sidebar_run")
+    assert len(set(box.options)) == len(box.options), box.options
+    for rid in (twin.name, src.name):
+        app.sidebar.selectbox(key="w_sidebar_run").set_value(rid).run()
+        no_exceptions(app)
+        app.run()  # a later rerun keeps it
+        assert app.sidebar.selectbox(key="w_sidebar_run").value == rid
+    assert cache.unique_labels({"a": "x", "b": "x", "c": "y"}) == {"a": "x · a", "b": "x · b", "c": "y"}
