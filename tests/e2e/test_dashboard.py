@@ -38,7 +38,7 @@ from tests.sample_files import NO_COORD_NAMES, housing_with_text
 
 pytestmark = pytest.mark.e2e
 
-BUNDLED = ("dbk-rbf", "svgp", "ppgp")
+BUNDLED = ("dbk-nn", "vecchia", "dbk-rbf", "svgp", "ppgp")
 
 
 def ranking_models(page) -> list[str]:
@@ -46,7 +46,7 @@ def ranking_models(page) -> list[str]:
     frame = page.get_by_test_id("stDataFrame").first
     frame.locator("[role=gridcell]").first.wait_for(state="attached")
     cells = frame.locator("[role=gridcell]").all_inner_texts()
-    models = ("dbk-rbf", "dbk-silu", "svgp", "ppgp", "softki", "cagp", "solvegp", "exact")
+    models = ("dbk-nn", "vecchia", "dbk-rbf", "dbk-silu", "svgp", "ppgp", "softki", "cagp", "solvegp", "exact")
     return [c.split(" (")[0] for c in cells if c.split(" (")[0] in models]  # "svgp (bundled)" -> "svgp"
 
 
@@ -57,10 +57,12 @@ def test_first_open_shows_a_ready_comparison(server, page):
     no_exception(page)
     sidebar = page.get_by_test_id("stSidebar").inner_text()
     assert "Puerto Rico" in sidebar
-    assert re.search(r"\d+ in the store, 6 on this data set", sidebar), sidebar  # 3 random + 3 spatial-block runs
+    assert re.search(r"\d+ in the store, 10 on this data set", sidebar), sidebar  # 5 random + 5 spatial-block runs
+    assert chosen(page, "Active run", page.get_by_test_id("stSidebar")).startswith("dbk-nn"), "the default model first"
     page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
     models = ranking_models(page)
     assert set(BUNDLED) <= set(models), models
+    assert models[0] in ("dbk-nn", "vecchia"), ("the default model (or its residual alone, tied) ranks first", models)
     assert page.locator("g.trace.violins, .violinlayer path").count() >= 1, "the urban / rural violins"
     assert page.get_by_text("95% target").count() >= 1, "the coverage chart's target line"
     screenshot(page, "compare-first-open.png")
