@@ -101,6 +101,15 @@ def stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def start(models_csv: str, set_items) -> tuple[list[str], dict[str, dict]]:
+    """A race-style benchmark's start: the registered models of ``models_csv`` (the others named and skipped), the
+    ``--set`` settings per model, and torch warmed up outside the timings."""
+    models = known_models([m for m in models_csv.split(",") if m], log=stderr)
+    sets = parse_sets(set_items)
+    warm_up_torch()
+    return models, sets
+
+
 def report(header: str, md: str, table, out: str | None) -> None:
     """Print a benchmark's header and markdown table; with ``out``, also write them there and the numbers beside
     them (``out`` with ``.csv``)."""

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import fit_predict, known_models, parse_sets, report, smoke_settings, stderr, warm_up_torch
+from _harness import fit_predict, report, smoke_settings, start, stderr
 from bench_race import dataset_config
 
 from gpcore import metrics as M
@@ -111,9 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the markdown table here (and the numbers to the same name with .csv)")
     ap.add_argument("--smoke", action="store_true", help="synthetic data, tiny models (seconds, CI)")
     args = ap.parse_args(argv)
-    models = known_models([m for m in args.models.split(",") if m], log=stderr)
-    sets = parse_sets(args.set)
-    warm_up_torch()
+    models, sets = start(args.models, args.set)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:

@@ -37,12 +37,10 @@ import torch
 from _harness import (
     feature_check_text,
     fit_predict,
-    known_models,
-    parse_sets,
     shared_data,
     smoke_settings,
+    start,
     stderr,
-    warm_up_torch,
 )
 from _peers import gpboost_available, gpboost_vecchia, gpytorch_svgp
 
@@ -195,9 +193,7 @@ def run_heaton(args, smoke: bool = False) -> int:
         Xo, yo = Xo[keep], yo[keep]
     val = heaton_validation(Xo, args.val, args.seed)
     Xtr, ytr, Xva, yva = Xo[~val], yo[~val], Xo[val], yo[val]
-    models = known_models([m for m in (args.models or HEATON_MODELS).split(",") if m], log=stderr)
-    sets = parse_sets(args.set)
-    warm_up_torch()
+    models, sets = start((args.models or HEATON_MODELS), args.set)
     print(f"Heaton gaps: {source}; {n_obs} observed cells"
           + (f", subsample {len(yo)} (seed {args.seed})" if len(yo) < n_obs else "")
           + f"; validation {val.sum()} ({args.val}, seed {args.seed}), fit on {len(ytr)}; test {len(yt)} masked cells;"

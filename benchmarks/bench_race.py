@@ -54,13 +54,11 @@ import torch
 from _harness import (
     feature_check_text,
     fit_predict,
-    known_models,
-    parse_sets,
     report,
     shared_data,
     smoke_settings,
+    start,
     stderr,
-    warm_up_torch,
 )
 from _peers import gpboost_available, gpboost_vecchia
 
@@ -203,9 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the markdown table here (and the numbers to the same name with .csv)")
     ap.add_argument("--smoke", action="store_true", help="tiny synthetic data, tiny models (seconds, CI)")
     args = ap.parse_args(argv)
-    models = known_models([m for m in args.models.split(",") if m], log=stderr)
-    sets = parse_sets(args.set)
-    warm_up_torch()
+    models, sets = start(args.models, args.set)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:

@@ -14,7 +14,6 @@ into +-lr steps, so its trajectories drift apart at ~lr even though every gradie
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
@@ -23,6 +22,7 @@ import torch
 
 from gpcore import make_model
 from gpcore.models import available_models
+from tests.net import free_port
 
 WORLD = 2
 TOL = 1e-6
@@ -180,12 +180,6 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     D.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """``{case: (single, rank0, rank1)}`` result dicts."""
@@ -194,7 +188,7 @@ def runs(tmp_path_factory):
     from gpcore.models import load_model
 
     outdir = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(outdir)), nprocs=WORLD, join=True)
     X, y, Xv, yv = _data()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny problems: one thread is fastest and matches the workers

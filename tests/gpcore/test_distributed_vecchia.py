@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import torch
 
 from gpcore import make_model
+from tests.net import free_port
 
 WORLD = 2
 TOL = 1e-6
@@ -135,19 +135,13 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     D.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """``{case: (single, rank0, rank1)}`` result dicts (``grad:<case>`` for the gradient cases)."""
     import torch.multiprocessing as mp
 
     outdir = tmp_path_factory.mktemp("ddp-vecchia")
-    mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(outdir)), nprocs=WORLD, join=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny problems: one thread is fastest and matches the workers
     try:
