@@ -70,14 +70,15 @@ class DatasetSpec:
         return f"{base}{period}"
 
     # ------------------------------------------------------------------ gpcore
-    def run_config(self, model: str = "dbk", settings: dict | None = None, **run) -> object:
-        """The :class:`gpcore.run.config.RunConfig` of a run on this data set."""
+    def run_config(self, model: str | None = None, settings: dict | None = None, **run) -> object:
+        """The :class:`gpcore.run.config.RunConfig` of a run on this data set (``model`` default: DEFAULT_MODEL)."""
+        from gpcore.models import DEFAULT_MODEL
         from gpcore.run.config import RunConfig
 
         fields = dict(
             data=self.source if self.sample_key else str(source_path(self.source)),
             y=self.y,
-            model=model,
+            model=model or DEFAULT_MODEL,
             settings=dict(settings or {}),
             x=(self.lon, self.lat) if self.lon and self.lat else None,
             transform=self.transform,

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpcore.errors import ConfigError
+from gpcore.models.registry import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class RunConfig:
 
     data: str
     y: str
-    model: str = "dbk"
+    model: str = DEFAULT_MODEL
     settings: dict = field(default_factory=dict)
     x: tuple[str, str] | None = None
     transform: str = "identity"
