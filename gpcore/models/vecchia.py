@@ -24,7 +24,7 @@ one ball query (about ``O(n log n)`` work on spread-out data). ``coord`` sorts b
 coordinate (the coordinate ordering of spNNGP / GPBoost). Neighbour sets are exact ``m``-nearest
 predecessors: brute force for the first points, then KD-tree queries of growing ``k`` filtered to
 predecessors. Ordering and neighbours are computed once per fit on the scaled inputs (they do not
-follow the learned ARD lengthscales).
+follow the learned ARD lengthscales). Space-time inputs (lon, lat, t): docs/methods/spacetime.md (``space_time``).
 
 Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's optimiser on the full
 Vecchia likelihood through :mod:`gpcore.models.training` (``full_batch``: one step per epoch, early stopping on
@@ -62,11 +62,12 @@ from torch import nn
 
 from gpcore.comm import own_chunks
 from gpcore.errors import InputError
+from gpcore.models import spacetime as st
 from gpcore.models.base import GPModel
-from gpcore.models.config import BaseConfig, setting
+from gpcore.models.config import setting
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
-from gpcore.models.kernels import KERNEL_NAMES, stationary, stationary_sqdist
+from gpcore.models.kernels import KERNEL_NAMES, stationary_sqdist
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
 from gpcore.models.neighbors import ORDERINGS, coord_order, maxmin_order, ordered_neighbors
 from gpcore.models.registry import register
@@ -77,7 +78,7 @@ from gpcore.models.registry import register
 
 
 @dataclass(frozen=True)
-class VecchiaConfig(BaseConfig):
+class VecchiaConfig(st.SpaceTimeConfig):
     """Vecchia GP settings.
 
     Reference settings (GPBoost / GpGp practice; the issue-13 comparison): Matérn-3/2, m = 30
@@ -120,6 +121,7 @@ class VecchiaModule(SoftplusHyperparameters, nn.Module):
         self.kernel_name = cfg.kernel
         self.noise_floor = cfg.noise_floor
         self.raw_ell = nn.Parameter(torch.full((d if cfg.ard else 1,), inv_softplus(cfg.lengthscale_init or 0.3)))
+        st.add_params(self, d, cfg)  # space_time: the time lengthscale, Gneiting's beta, the metric (spacetime.py)
         self.raw_outputscale = nn.Parameter(torch.tensor(inv_softplus(cfg.outputscale_init)))
         self.raw_noise = nn.Parameter(torch.tensor(inv_softplus(max(cfg.noise_init - cfg.noise_floor, 1e-8))))
         self.mu0 = nn.Parameter(torch.zeros(()), requires_grad=cfg.learn_mean)
@@ -133,7 +135,7 @@ class VecchiaModule(SoftplusHyperparameters, nn.Module):
         self.register_buffer("w_train", torch.ones(n))
 
     def K(self, x1, x2):
-        return stationary(self.kernel_name, x1, x2, self.lengthscale, self.outputscale)
+        return st.cross_kernel(self, x1, x2)  # the stationary kernel, or space-time (spacetime.py)
 
 
 def _conditional_terms(mod: VecchiaModule, Xg: torch.Tensor, zg: torch.Tensor, valid: torch.Tensor,
@@ -189,6 +191,8 @@ class _VecchiaRow(torch.autograd.Function):
 def group_covariance(mod: VecchiaModule, Xg: torch.Tensor, valid: torch.Tensor,
                      noise: torch.Tensor | None = None) -> torch.Tensor:
     """Noisy covariance of each group (``b x k x k``, float64; padding entries become identity rows)."""
+    if mod.space_time != "none":  # docs/methods/spacetime.md
+        return st.group_covariance(mod, Xg, valid, noise)
     ell = mod.lengthscale.double()
     os_ = mod.outputscale.double()
     s2 = mod.noise.double() if noise is None else noise.double()
@@ -241,7 +245,7 @@ class VecchiaGP(GPModel):
         self._tree = self._joint_cache = None
         if Xs is None:
             return mod
-        Xn = Xs.detach().double().cpu().numpy()
+        Xn = st.order_coords(self, mod, Xs)  # the scaled inputs (space-time: / the initial lengthscales)
         perm = maxmin_order(Xn) if self.config.ordering == "maxmin" else coord_order(Xn)
         nbr = ordered_neighbors(Xn[perm], mod.nbr.shape[1])
         dev = Xs.device
@@ -256,6 +260,8 @@ class VecchiaGP(GPModel):
         """The initial lengthscale: ``lengthscale_init``, or with 0 (auto) the neighbourhood radius (median
         distance to the m-th nearest predecessor over the second half of the ordering). Why not a fixed value:
         docs/benchmarks/settings.md ("the automatic initial lengthscale")."""
+        if st.init_hypers(mod):  # space-time: the initial lengthscales of the ordering metric (spacetime.py)
+            return
         n, m = mod.nbr.shape
         init = self.config.lengthscale_init or 0.3
         if self.config.lengthscale_init == 0 and n > m > 0:
@@ -363,12 +369,12 @@ class VecchiaGP(GPModel):
             return self
         mod = self.module_
         Xs, ys = self.scale_x(X), self.scale_y(y)
-        perm = torch.as_tensor(maxmin_order(Xs.double().cpu().numpy()), device=mod.X_train.device)
+        perm = torch.as_tensor(maxmin_order(st.metric_coords(mod, Xs)), device=mod.X_train.device)
         n0 = mod.X_train.shape[0]
         with torch.no_grad():
             X_all = torch.cat([mod.X_train, Xs[perm].to(mod.X_train.dtype)])
             m = max(min(self.config.neighbors, X_all.shape[0] - 1), mod.nbr.shape[1])  # m nearest, as in training
-            nbr = ordered_neighbors(X_all.double().cpu().numpy(), m, start=n0)
+            nbr = ordered_neighbors(st.metric_coords(mod, X_all), m, start=n0)
             pad = torch.full((n0, m - mod.nbr.shape[1]), -1, dtype=mod.nbr.dtype, device=mod.nbr.device)
             mod.nbr = torch.cat([torch.cat([mod.nbr, pad], 1), torch.as_tensor(nbr, device=mod.nbr.device)])
             mod.X_train = X_all
@@ -401,14 +407,14 @@ class VecchiaGP(GPModel):
         if tree is None:
             from scipy.spatial import cKDTree
 
-            tree = cKDTree(self.module_.X_train.detach().double().cpu().numpy())
+            tree = cKDTree(st.metric_coords(self.module_, self.module_.X_train))
             self._tree = tree
         return tree
 
     def _prediction_neighbors(self, xb: torch.Tensor) -> torch.Tensor:
         """Indices (``b x k``, nearest first) of the ``pred_neighbors`` nearest ordered training points."""
         k = min(self.config.pred_neighbors or self.config.neighbors, self.module_.X_train.shape[0])
-        _, idx = self._neighbor_tree().query(xb.detach().double().cpu().numpy(), k=k)
+        _, idx = self._neighbor_tree().query(st.metric_coords(self.module_, xb), k=k)
         return torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
 
     def _prediction_noise(self, N: torch.Tensor) -> torch.Tensor | None:

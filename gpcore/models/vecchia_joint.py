@@ -132,12 +132,13 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`).
     """
     from gpcore.models.neighbors import maxmin_order, ordered_neighbors
+    from gpcore.models.spacetime import metric_coords  # space-time: the scaled metric (docs/methods/spacetime.md)
 
     mod = model.module_
     cfg = model.config
     n = Xs.shape[0]
     m_p = cfg.joint_neighbors if m_pred is None else int(m_pred)
-    Xn = Xs.detach().double().cpu().numpy()
+    Xn = metric_coords(mod, Xs)  # the scaled inputs of a spatial model
     order = maxmin_order(Xn) if n > 1 else np.arange(n)
     Xo = Xs.detach()[torch.as_tensor(order, device=Xs.device)]
     NT = model._prediction_neighbors(Xo)  # n x m_t, indices into the ordered training points
