@@ -43,7 +43,8 @@ TIME_KERNELS = ("matern12", "matern32")
 
 __all__ = ["SPACE_TIME", "TIME_KERNELS", "SpaceTimeConfig", "add_params", "cross_kernel", "gneiting_psi",
            "group_covariance", "group_kernel", "init_hypers", "metric_coords", "order_coords", "spacetime_sqdist",
-           "spatial_radius", "time_correlation"]
+           "spatial_radius", "time_correlation",
+           "time_lengthscale_years"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,12 @@ def add_params(mod: nn.Module, d: int, cfg) -> None:
 def time_lengthscale(mod: nn.Module) -> torch.Tensor:
     """``ell_t`` in the scaled units of the time column (years: ``ell_t * x_span[t] / 2``)."""
     return nn.functional.softplus(mod.raw_ell_t)
+
+
+def time_lengthscale_years(model) -> float:
+    """A fitted space-time model's learned time lengthscale in years (the caller's units of the time column)."""
+    mod = model.module_
+    return float(time_lengthscale(mod).detach()) * float(model.x_span_[mod.t_col]) / 2.0
 
 
 def beta(mod: nn.Module) -> torch.Tensor:

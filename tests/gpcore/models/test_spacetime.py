@@ -16,7 +16,7 @@ from gpcore import InputError, make_model
 from gpcore.models import load_model
 from gpcore.models.kernels import stationary_sqdist
 from gpcore.models.neighbors import maxmin_order, ordered_neighbors
-from gpcore.models.spacetime import gneiting_psi, metric_coords, spacetime_sqdist
+from gpcore.models.spacetime import gneiting_psi, metric_coords, spacetime_sqdist, time_lengthscale_years
 from tests.gpcore.models.test_exact import _np_kernel
 
 QUARTERS = 2019.125 + 0.25 * np.arange(4)  # 2019Q1..Q4, decimal years (quarter middles)
@@ -75,6 +75,14 @@ def _caller_hypers(model):
     return ell, ell_t, os_, beta
 
 
+def test_time_lengthscale_in_years():
+    X, y = _data()
+    model = _fit(X, y, "separable")
+    assert time_lengthscale_years(model) == pytest.approx(_caller_hypers(model)[1], rel=1e-12)
+    fresh = make_model("vecchia", space_time="separable", time_lengthscale_init=0.75, **COMMON).fit(X, y)
+    assert fresh.module_.st_ell0[1].item() * fresh.x_span_[2] / 2 == pytest.approx(0.75, rel=1e-12)
+
+
 def _np_time(name, t1, t2, ell_t):
     u = np.abs(t1[:, None] - t2[None, :]) / ell_t
     return np.exp(-u) if name == "matern12" else (1 + np.sqrt(3) * u) * np.exp(-np.sqrt(3) * u)
@@ -101,11 +109,20 @@ def _np_cov(model, X1, X2):
     return _np_gneiting(cfg.kernel, X1, X2, ell, ell_t, os_, beta, cfg.gneiting_alpha)
 
 
+def _prior(model, X1, X2):
+    """``_np_cov`` plus dbk-nn's feature part ``a^2 phi phi^T`` when it uses its features."""
+    K = _np_cov(model, X1, X2)
+    if getattr(model, "features_used", False):
+        phi1, phi2 = (model.module_.dbk.features(model.scale_x(Z)).detach().numpy() for Z in (X1, X2))
+        K = K + model.feature_scale**2 * model.y_std_**2 * phi1 @ phi2.T
+    return K
+
+
 def _dense(model, X, y, Xt):
     """Exact GP: log N(y; mu0, K + s2 I), predictive mean, latent variance and covariance at ``Xt``."""
     n = X.shape[0]
-    K = _np_cov(model, X, X) + model.noise_variance * np.eye(n)
-    Ks, Kss = _np_cov(model, Xt, X), _np_cov(model, Xt, Xt)
+    K = _prior(model, X, X) + model.noise_variance * np.eye(n)
+    Ks, Kss = _prior(model, Xt, X), _prior(model, Xt, Xt)
     mu0 = model.prior_mean
     c = cho_factor(K, lower=True)
     cov = Kss - Ks @ cho_solve(c, Ks.T)
@@ -346,3 +363,24 @@ def test_dbknn_residual_takes_the_space_time_kernel(kind):
     np.testing.assert_allclose(p.mean, mu0 + Ks @ cho_solve(c, y - mu0), rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(p.var_f, kss - np.einsum("ij,ji->i", Ks, cho_solve(c, Ks.T)), rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(model.kernel(Xt, X), Ks, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("name,check", [("vecchia", False), ("dbk-nn", True), ("dbk-nn", False)])
+def test_validation_rows_join_the_space_time_posterior(name, check):
+    """condition_on (fit with a validation set) orders the new rows in the space-time metric; with all neighbours
+    the posterior is the exact GP's on training + validation rows (hyperparameters unchanged); dbk-nn runs its
+    feature check in space-time."""
+    X, y = _data(n=80, seed=6)
+    tr, va = np.arange(60), np.arange(60, 80)
+    extra = {**TINY_DBK, "feature_check": check} if name == "dbk-nn" else {}
+    model = make_model(name, space_time="gneiting", neighbors=79, pred_neighbors=80, joint_neighbors=100,
+                       **COMMON, **extra).fit(X[tr], y[tr], X[va], y[va])
+    assert model.module_.X_train.shape[0] == 80
+    if name == "dbk-nn":  # the check ran (here it drops the features); without it they are used
+        assert ("feature_check" in model.train_info_) == check and model.features_used != check
+    Xt = _new_places()
+    _, mean, var_f, cov = _dense(model, X, y, Xt)
+    p = model.predict(Xt)
+    np.testing.assert_allclose(p.mean, mean, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(p.var_f, var_f, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(model.posterior_cov(Xt[:8]), cov[:8, :8], rtol=1e-6, atol=1e-9 * np.abs(cov).max())
