@@ -10,7 +10,8 @@ its own lengthscale, never mixed into the spatial distance), the setting ``space
 * ``"gneiting"`` (Gneiting 2002, JASA 97:590-600, eq. 14 with ``a = 1`` absorbed into ``ell_t``):
   ``C = o^2 psi(u^2)^{-delta} rho(h2 / psi(u^2))``, ``psi(s) = (s^alpha + 1)^beta``, ``delta = d_space / 2``;
   ``alpha`` in ``(0, 1]`` is fixed (``gneiting_alpha``, default 1), ``beta = sigmoid(raw_beta)`` in ``(0, 1)`` is
-  learned (``beta -> 0``: separable with a constant-in-time factor; ``beta = 1``: strongest space-time interaction).
+  learned (``beta -> 0``: the spatial kernel at every lag, no decay in time; larger: faster decay in time and a
+  longer spatial range across lags).
 
 ``"none"`` (default) leaves the spatial model untouched: no extra parameters or buffers, the same code path.
 
