@@ -13,9 +13,18 @@ KERNEL_NAMES = ("rbf", "matern12", "matern32", "matern52")
 
 
 def scaled_sqdist(X1: torch.Tensor, X2: torch.Tensor, ell: torch.Tensor) -> torch.Tensor:
-    """``sum_j (x1_j - x2_j)^2 / ell_j^2`` for all pairs, clamped at 0 (``n1 x n2``)."""
+    """``sum_j (x1_j - x2_j)^2 / ell_j^2`` for all pairs, clamped at 0 (``n1 x n2``).
+
+    Up to three inputs (coordinates, space-time) by direct differences: exact at ``x1 = x2``, where the expanded
+    form's cancellation leaves ~1e-16 of ``|x|^2`` that a Matérn's ``sqrt`` turns into ~1e-8 of ``k``.
+    """
     A = X1 / ell
     B = X2 / ell
+    if A.shape[-1] <= 3:
+        d2 = (A[..., :, None, 0] - B[..., None, :, 0]).square_()
+        for j in range(1, A.shape[-1]):
+            d2.add_((A[..., :, None, j] - B[..., None, :, j]).square_())
+        return d2
     d2 = A.pow(2).sum(-1, keepdim=True) - 2.0 * A @ B.transpose(-1, -2) + B.pow(2).sum(-1).unsqueeze(-2)
     return d2.clamp_min(0.0)
 
@@ -44,3 +53,70 @@ def stationary_sqdist(name: str, d2: torch.Tensor, outputscale: torch.Tensor) ->
     else:
         raise ValueError(f"unknown kernel {name!r}; allowed: {KERNEL_NAMES}")
     return outputscale * k
+
+
+
+def _group_sqdist(A: torch.Tensor, j: int) -> torch.Tensor:
+    """``(a_ij - a_i'j)^2`` of every pair within each group (``b x k x k``) for input dimension ``j``."""
+    return (A[..., :, j, None] - A[..., None, :, j]).square_()
+
+
+def _rho_and_slope(name: str, d2: torch.Tensor, slope: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``rho(d2)`` and (``slope``) ``d rho / d d2`` of the named kernel; ``d2`` is overwritten. Below ``d2 = 1e-20``
+    the Matérn slopes are those of autograd through :func:`stationary_sqdist`'s clamp (zero for Matérn-1/2)."""
+    if name == "rbf":
+        k = d2.mul_(-0.5).exp_()
+        return k, (k * -0.5 if slope else None)
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"unknown kernel {name!r}; allowed: {KERNEL_NAMES}")
+    small = d2 < 1e-20 if slope and name == "matern12" else None
+    r = d2.clamp_min_(1e-20).sqrt_()
+    if name == "matern12":
+        if not slope:
+            return r.neg_().exp_(), None
+        k = torch.exp(-r)
+        return k, (k / r).mul_(-0.5).masked_fill_(small, 0.0)
+    s = r.mul_(math.sqrt(3.0) if name == "matern32" else math.sqrt(5.0))
+    e = torch.exp(-s)
+    if name == "matern32":  # rho = (1 + s) e^-s, d rho / d d2 = -3/2 e^-s
+        return (s + 1.0).mul_(e), (e * -1.5 if slope else None)
+    # matern52: rho = (1 + s + s^2/3) e^-s, d rho / d d2 = -5/6 (1 + s) e^-s
+    k = (s * s).div_(3.0).add_(s).add_(1.0).mul_(e)
+    return k, ((s + 1.0).mul_(e).mul_(-5.0 / 6.0) if slope else None)
+
+
+class _GroupKernel(torch.autograd.Function):
+    """``outputscale * rho(|(x - x') / ell|)`` within each group of ``Xg`` (``b x k x d``), float64, with a
+    closed-form backward for ``ell`` and ``outputscale``: the forward and backward work in place on ``b x k x k``
+    buffers, about three times fewer passes than autograd through :func:`stationary_sqdist`."""
+
+    @staticmethod
+    def forward(ctx, Xg, ell, outputscale, name):
+        A = Xg / ell
+        d2 = _group_sqdist(A, 0)
+        for j in range(1, A.shape[-1]):
+            d2.add_(_group_sqdist(A, j))
+        k, slope = _rho_and_slope(name, d2, slope=ctx.needs_input_grad[1])
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(A, ell, outputscale, k, slope)
+            return k * outputscale
+        return k.mul_(outputscale)  # no graph (predictions, the joint factor): in place
+
+    @staticmethod
+    def backward(ctx, G):
+        A, ell, outputscale, k, slope = ctx.saved_tensors
+        g_os = (G * k).sum() if ctx.needs_input_grad[2] else None
+        g_ell = None
+        if ctx.needs_input_grad[1]:
+            H = (G * slope).mul_(outputscale)  # dL/d d2
+            # d d2 / d ell_j = -2 (a_j - a'_j)^2 / ell_j, with a = x / ell
+            per_dim = torch.stack([(H * _group_sqdist(A, j)).sum() for j in range(A.shape[-1])])
+            g_ell = (per_dim.sum() if ell.numel() == 1 else per_dim).reshape(ell.shape) * (-2.0 / ell)
+        return None, g_ell, g_os, None
+
+
+def group_kernel(name: str, Xg: torch.Tensor, ell: torch.Tensor, outputscale: torch.Tensor) -> torch.Tensor:
+    """The named stationary kernel between the members of each group: ``Xg`` is ``b x k x d``, the result
+    ``b x k x k`` (float64), differentiable in ``ell`` (scalar or ``d``-vector) and ``outputscale``; equal to
+    :func:`stationary` on each group (the Vecchia family's batched conditionals, docs/methods/vecchia.md)."""
+    return _GroupKernel.apply(Xg.double(), ell.double().reshape(-1), outputscale.double(), name)

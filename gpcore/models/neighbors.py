@@ -12,11 +12,17 @@ ORDERINGS = ("maxmin", "coord")
 
 
 
-def maxmin_order(X: np.ndarray) -> np.ndarray:
+def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
     """Exact max-min ordering of the rows of ``X`` (``n x d``); returns a permutation of ``range(n)``.
 
     First the row nearest the centroid (lowest index on ties), then repeatedly the row whose
     distance to the rows already taken is largest (lowest index on ties).
+
+    A lazy max-heap of upper bounds: taking a row lowers its neighbours' distances in the array only, and an entry
+    that reaches the top with a stale bound is pushed back with its current distance (an entry whose bound is
+    current is the true maximum, since every other entry bounds its row from above). A taken row's radius is
+    usually inside its ``k_local`` nearest rows (one vectorised query for all rows); only larger radii query the
+    KD-tree.
     """
     from scipy.spatial import cKDTree
 
@@ -28,29 +34,38 @@ def maxmin_order(X: np.ndarray) -> np.ndarray:
     dist = np.sqrt(((X - X[first]) ** 2).sum(1))
     taken = np.zeros(n, dtype=bool)
     taken[first] = True
-    order = [first]
-    heap = [(-dist[i], i) for i in range(n) if i != first]
+    order = np.empty(n, dtype=np.int64)
+    order[0] = first
+    count = 1
+    heap = [(-d, i) for i, d in enumerate(dist.tolist()) if i != first]
     heapq.heapify(heap)
     tree = cKDTree(X)
+    k = min(n, k_local + 1)
+    knn_d, knn_i = tree.query(X, k=k)
+    knn_d, knn_i = knn_d.reshape(n, k), knn_i.reshape(n, k)
+    reach = knn_d[:, -1]
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        negd, i = heapq.heappop(heap)
-        if taken[i] or -negd != dist[i]:
-            continue  # stale entry: the point was taken or has come closer since
-        taken[i] = True
-        order.append(i)
+        negd, i = pop(heap)
+        if taken[i]:
+            continue
         r = dist[i]
+        if -negd != r:
+            push(heap, (-r, i))  # stale bound: back with the current distance
+            continue
+        taken[i] = True
+        order[count] = i
+        count += 1
         if r <= 0:  # only duplicates of taken points are left: they keep distance 0, take them in index order
             continue
-        ball = np.asarray(tree.query_ball_point(X[i], r * (1.0 + 1e-9)), dtype=np.int64)
-        ball = ball[~taken[ball]]
-        if ball.size == 0:
-            continue
-        nd = np.sqrt(((X[ball] - X[i]) ** 2).sum(1))
-        closer = nd < dist[ball]
-        for j, dj in zip(ball[closer].tolist(), nd[closer].tolist(), strict=True):
-            dist[j] = dj
-            heapq.heappush(heap, (-dj, j))
-    return np.asarray(order, dtype=np.int64)
+        r = r * (1.0 + 1e-9)
+        if r < reach[i]:
+            ball, nd = knn_i[i], knn_d[i]
+        else:
+            ball = np.asarray(tree.query_ball_point(X[i], r), dtype=np.int64)
+            nd = np.sqrt(((X[ball] - X[i]) ** 2).sum(1))
+        dist[ball] = np.minimum(dist[ball], nd)
+    return order
 
 
 def coord_order(X: np.ndarray) -> np.ndarray:
