@@ -14,6 +14,10 @@
     python -m gpcore areas RUN_DIR --areas counties --threshold 35 --out areas.geojson
     python -m gpcore sample RUN_DIR --n 4 --seed 0 --out samples.tif
     python -m gpcore suggest RUN_DIR --k 10 --target undecided --threshold 35 --out picks.geojson
+    python -m gpcore fit --data sample:puerto_rico --quarter 2019Q1:2022Q4 --time-input --split forecast \
+        --test-period 2023Q1:2023Q4 --model vecchia --out st_run        # one model over space and time
+    python -m gpcore predict st_run --data FILE --at 2024Q1 --out next.parquet
+    python -m gpcore change st_run --from 2019Q4 --to 2023Q4 --out change.parquet
 
 ``--data`` takes a path or ``sample:<key>`` (``sample:puerto_rico``, ``sample:missouri_2020Q4``).
 Every failure the user can cause (bad data, settings, paths, damaged runs, a diverged fit, no GPU,
@@ -32,6 +36,7 @@ import time
 from pathlib import Path
 
 from gpcore.cli_decide import add_decision_commands
+from gpcore.cli_time import add_time_commands
 from gpcore.errors import GPCoreError
 
 
@@ -62,13 +67,19 @@ def _add_data_args(p: argparse.ArgumentParser, need_y: bool = True) -> None:
     p.add_argument("--x", help="coordinate columns 'lon,lat' (auto-detected when omitted)")
     p.add_argument("--y", required=need_y, help="target column (e.g. download_mbps)")
     p.add_argument("--transform", default="identity", choices=("identity", "log10", "log"))
-    p.add_argument("--quarter", help="keep one quarter ('2023Q1') or year ('2023') of a time column")
+    p.add_argument("--quarter", help="keep one quarter ('2023Q1'), a year ('2023') or a range ('2019Q1:2022Q4') "
+                   "of a time column")
     p.add_argument("--weight", help="per-row weight column, a count of measurements per row (e.g. Ookla 'tests'): "
                    "noise tau^2 + sigma^2 / w, metrics per count bin 1, 2-4, 5-16, >16")
     p.add_argument("--time", help="time column (quarter or date) when it is not auto-detected")
+    p.add_argument("--time-input", action="store_true",
+                   help="one model over all the quarters read, t (decimal years) its last input; vecchia and dbk-nn "
+                        "get space_time=separable (--set space_time=gneiting for the other family)")
     p.add_argument("--strata", help="county_metro | column:<NAME> | polygons:<PATH>")
-    p.add_argument("--split", default="random", choices=("random", "block"),
-                   help="test split: random (seeded 8:1:1 rows) or block (whole --block-km squares held out)")
+    p.add_argument("--split", default="random", choices=("random", "block", "forecast"),
+                   help="test split: random (seeded 8:1:1 rows), block (whole --block-km squares held out) or "
+                        "forecast (test on --test-period, train on the quarters before it)")
+    p.add_argument("--test-period", help="--split forecast: the quarters to test on, e.g. 2023Q1 or 2023Q1:2023Q4")
     p.add_argument("--block-km", type=float, default=10.0, help="side of the squares of the block split, in km")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-drop", action="store_true", help="fail on NaN/inf rows instead of dropping them")
@@ -85,7 +96,8 @@ def _run_config(args, model: str, settings: dict):
                      x=tuple(args.x.split(",")) if args.x else None, transform=args.transform, quarter=args.quarter,
                      weight=args.weight, time=args.time, strata=args.strata, split=args.split,
                      block_km=args.block_km, seed=args.seed, allow_drop=not args.no_drop, grid_kind=args.grid,
-                     grid_cell_km=args.cell_km, grid_zoom=args.zoom, region=args.region)
+                     grid_cell_km=args.cell_km, grid_zoom=args.zoom, region=args.region,
+                     time_input=args.time_input, test_period=args.test_period)
 
 
 def _progress_printer(prefix: str = ""):
@@ -102,6 +114,8 @@ def cmd_fit(args) -> int:
     from gpcore.run.pipeline import execute_run
     from gpcore.run.rundir import check_out_dir, read_manifest
 
+    if args.test_period and args.split != "forecast":
+        raise GPCoreError(f"--test-period {args.test_period} is only used by --split forecast; add --split forecast")
     cfg = _run_config(args, args.model or DEFAULT_MODEL, _parse_sets(args.set))
     check_out_dir(args.out, args.overwrite)  # before any data is read or any rank starts training
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
@@ -134,7 +148,7 @@ def cmd_predict(args) -> int:
     from gpcore.data.export import write_frame
     from gpcore.run.predict import predict_points
 
-    out = predict_points(args.run_dir, args.data, quarter=args.quarter, allow_drop=not args.no_drop)
+    out = predict_points(args.run_dir, args.data, quarter=args.quarter, allow_drop=not args.no_drop, at=args.at)
     path = Path(args.out)
     write_frame(out, path, "csv" if path.suffix == ".csv" else "parquet")
     print(f"wrote {len(out)} predictions to {path}")
@@ -158,7 +172,7 @@ def _predict_stream(args) -> int:
             args.run_dir, args.out, grid=args.grid, grid_region=args.grid_region,
             x_cols=tuple(args.x.split(",")) if args.x else None, id_col=args.id_column,
             cell_km=args.cell_km, cell_deg=args.cell_deg, cells=args.cells, batch_size=args.batch_size,
-            level=args.level, progress=None if args.no_progress else TextProgress,
+            level=args.level, progress=None if args.no_progress else TextProgress, at=args.at,
         )
     except GPCoreError as e:  # name the command line's flags where the library names its keywords
         text = re.sub(r"\b(x_cols|cell_km|cell_deg|batch_size|grid_region)\b", lambda m: PREDICT_FLAGS[m[1]], str(e))
@@ -277,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--data", help="data file: predict at its rows (held in memory)")
     p.add_argument("--quarter")
+    p.add_argument("--at", help="a run with time as an input: predict every row or cell at this quarter (2024Q1)")
     p.add_argument("--no-drop", action="store_true")
     p.add_argument("--out", required=True, help="output .parquet or .csv (.tif with --grid-region)")
     p.add_argument("--grid", help="streamed: Parquet file of cells (lon, lat[, cell_id]), read by row groups")
@@ -308,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_data_args(p)
     p.add_argument("--splits", default=None,
-                   help="comma-separated split kinds to evaluate on: random, block or random,block (the default); "
-                        "block holds out whole --block-km squares, so its test rows lie inside gaps")
+                   help="comma-separated split kinds to evaluate on: random, block, forecast (default random,block); "
+                        "block holds out whole --block-km squares, so its test rows lie inside gaps; forecast tests "
+                        "on --test-period")
     p.set_defaults(split=None)  # compare takes --splits; a lone --split X still means --splits X
     p.add_argument("--models", required=True, help="comma-separated registry names")
     p.add_argument("--set", action="append", metavar="[MODEL.]KEY=VALUE")
@@ -318,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     add_decision_commands(sub)
+    add_time_commands(sub)
 
     p = sub.add_parser("models", help="list the registered models")
     p.set_defaults(func=cmd_models)

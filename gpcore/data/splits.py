@@ -4,6 +4,9 @@
 * :func:`block_split` — spatially blocked split: the plane (a local metric CRS) is cut into square
   blocks of ``block_km``; every block goes whole to one part, so test points are not next to
   training points from the same block. Use it to measure how a model extrapolates in space.
+* :func:`forecast_split` — split in time: test = the rows of a test period, train and validation = the rows of
+  the quarters before it (validation = the last of those quarters). Use it to measure how a model extrapolates
+  in time (docs/methods/spacetime.md, "The forecast split").
 
 >>> tr, va, te = random_split(100, seed=0)
 >>> len(tr), len(va), len(te)
@@ -143,3 +146,65 @@ def block_split(
         filled[k] += counts[b]
     part = part_of_block[ids]
     return tuple(np.flatnonzero(part == k).astype(np.int64) for k in range(3))  # type: ignore[return-value]
+
+
+#: share of the earlier rows the forecast split validates on when they hold a single quarter
+FORECAST_FALLBACK_VAL = 0.1
+
+
+def forecast_split(t, test_period: str, seed: int = 0, what: str = "test_period"
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split in time: train and validation before ``test_period``, test inside it.
+
+    Parameters
+    ----------
+    t : array-like, shape (n,)
+        Decimal years of the rows (:func:`gpcore.data.temporal.decimal_year`; a quarter is its middle).
+    test_period : str
+        A quarter ``"2023Q1"``, a year ``"2023"`` or an inclusive range ``"2023Q1:2023Q4"``.
+    seed : int
+        Seed of the fallback validation draw (below).
+    what : str
+        How errors name ``test_period`` (``"--test-period"`` from the command line).
+
+    Returns
+    -------
+    train_idx, val_idx, test_idx : ndarray of int64
+        Sorted and disjoint. ``test_idx``: every row whose quarter lies in ``test_period``. ``val_idx``: the rows of
+        the last quarter before the test period, so early stopping (and a recalibration) score a one-quarter-ahead
+        forecast; when the earlier rows hold a single quarter, a seeded random 10 % of them instead. ``train_idx``:
+        the other earlier rows. Rows after the test period are in no part. No validation or training row is ever
+        in or after the test period.
+
+    Raises
+    ------
+    DataError
+        When ``t`` has missing values, ``test_period`` is malformed, or no row falls in or before the test period.
+    """
+    from gpcore.data import temporal
+
+    t = np.asarray(t, dtype=float).reshape(-1)
+    if not np.all(np.isfinite(t)):
+        raise DataError(f"the forecast split needs a time for every row; {int((~np.isfinite(t)).sum())} row(s) have "
+                        "none")
+    lo, hi = temporal.period_bounds(test_period, what)
+    qi = temporal.quarter_index(t)
+    test = (qi >= lo) & (qi <= hi)
+    before = qi < lo
+    have = sorted({temporal.quarter_label(i) for i in np.unique(qi)})
+    span = f"the data has {have[0]}..{have[-1]}" if have else "the data has no rows"
+    if not test.any():
+        raise DataError(f"{what} {test_period!r}: no row falls in it ({span}); choose quarters the data has")
+    if not before.any():
+        raise DataError(f"{what} {test_period!r}: no row comes before it ({span}), so nothing is left to train "
+                        "on; choose a later test period or read earlier quarters (--quarter)")
+    earlier = np.flatnonzero(before)
+    quarters = np.unique(qi[earlier])
+    if len(quarters) >= 2:
+        is_val = qi[earlier] == quarters[-1]
+    else:
+        n_val = max(1, int(round(FORECAST_FALLBACK_VAL * len(earlier)))) if len(earlier) > 1 else 0
+        is_val = np.zeros(len(earlier), dtype=bool)
+        is_val[np.random.default_rng(seed).permutation(len(earlier))[:n_val]] = True
+    return (earlier[~is_val].astype(np.int64), earlier[is_val].astype(np.int64),
+            np.flatnonzero(test).astype(np.int64))

@@ -190,3 +190,73 @@ def find_time_column(columns) -> str | None:
         if name in lower:
             return lower[name]
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# quarters as numbers: time as a model input (docs/methods/spacetime.md)
+# ---------------------------------------------------------------------------------------------
+
+
+def quarter_index(decimal) -> np.ndarray:
+    """Quarter index ``year * 4 + quarter - 1`` of decimal years as :func:`decimal_year` writes them (a quarter's
+    middle, or a date: the calendar quarter of that day), shape (n,), int64; -1 where the value is NaN.
+
+    >>> quarter_index([2023.125, 2023.99, decimal_year(["2023-04-01"])[0]]).tolist()
+    [8092, 8095, 8093]
+    """
+    t = np.asarray(decimal, dtype=float).reshape(-1)
+    ok = np.isfinite(t)
+    out = np.full(t.shape, -1, dtype=np.int64)
+    year = np.floor(t[ok]).astype(np.int64)
+    leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
+    day = np.floor((t[ok] - year) * np.where(leap, 366.0, 365.0) + 1e-6).astype(np.int64)  # 0-based day of year
+    month = ((year - 1970).astype("datetime64[Y]").astype("datetime64[D]") + day).astype("datetime64[M]")
+    out[ok] = year * 4 + (month.astype(np.int64) % 12) // 3
+    return out
+
+
+def quarter_label(index: int) -> str:
+    """``"YYYYQn"`` of a quarter index (:func:`quarter_index`)."""
+    y, q = divmod(int(index), 4)
+    return f"{y}Q{q + 1}"
+
+
+def quarter_middle(index) -> np.ndarray | float:
+    """Decimal year of the middle of quarter ``index`` (what :func:`decimal_year` gives its label)."""
+    return np.asarray(index, dtype=float) / 4.0 + 0.125 if np.ndim(index) else float(index) / 4.0 + 0.125
+
+
+def parse_quarter(text, what: str = "quarter") -> float:
+    """Decimal year (the middle) of one quarter written like ``"2024Q1"`` (or ``"2024-Q1"``, ``"Q1 2024"``).
+
+    ``what`` names the setting or flag in the error (a :class:`DataError` for anything that is not one quarter).
+
+    >>> parse_quarter("2024Q1")
+    2024.125
+    """
+    s = str(text)
+    if not (_Q_FIRST.match(s) or _Q_LAST.match(s)):
+        raise DataError(f"{what} {text!r} is not a quarter; write one quarter like 2024Q1")
+    return quarter_middle(_parse_period(s)[0])
+
+
+def period_bounds(spec, what: str = "period") -> tuple[int, int]:
+    """First and last quarter index of one period: a quarter ``"2023Q1"``, a year ``"2023"`` or an inclusive range
+    ``"2023Q1:2023Q4"``. ``what`` names the setting or flag in the error (:class:`DataError`).
+
+    >>> [quarter_label(i) for i in period_bounds("2023Q2:2024")]
+    ['2023Q2', '2024Q4']
+    """
+    s = str(spec).strip() if spec is not None else ""
+    try:
+        if ":" in s:
+            a, b = s.split(":", 1)
+            lo, hi = _parse_period(a)[0], _parse_period(b)[1]
+        else:
+            lo, hi = _parse_period(s)
+    except DataError:
+        raise DataError(f"{what} {spec!r} is not a period; write a quarter (2023Q1), a year (2023) or a range of "
+                        "them (2023Q1:2023Q4)") from None
+    if hi < lo:
+        raise DataError(f"{what} {spec!r} ends before it starts; write the earlier quarter first (2023Q1:2023Q4)")
+    return lo, hi

@@ -2,7 +2,8 @@
 
 Every model sees the same data, transform, strata and splits. A *split* is ``"random"`` (a seeded
 8:1:1 split of the rows: test rows lie between training rows) or ``"block"`` (whole ``block_km``
-squares go to train, validation or test: test rows lie inside gaps with no training data). A model
+squares go to train, validation or test: test rows lie inside gaps with no training data) or ``"forecast"``
+(test on the quarters of ``test_period``, train on the earlier ones: docs/methods/spacetime.md). A model
 whose intervals cover 95 % only on random test rows is calibrated only between measurements, so
 ``python -m gpcore compare`` evaluates both by default.
 
@@ -26,7 +27,7 @@ from gpcore.run import rundir
 from gpcore.run.config import RunConfig
 from gpcore.run.pipeline import execute_run, prepare, split_indices
 
-SPLITS = ("random", "block")
+SPLITS = ("random", "block", "forecast")
 
 COLUMNS = [
     "model",
@@ -50,9 +51,9 @@ SUMMARY_COLUMNS = ["model", "split", "block_km", "nll_random", "nll_block", "nll
 
 
 def split_label(split: str, block_km=None) -> str:
-    """How a split is named in tables and captions: ``"random"`` or ``"block 10 km"``."""
+    """How a split is named in tables and captions: ``"random"``, ``"forecast"`` or ``"block 10 km"``."""
     if split != "block":
-        return "random"
+        return "forecast" if split == "forecast" else "random"
     try:
         km = float(block_km)
     except (TypeError, ValueError):
@@ -68,7 +69,7 @@ def parse_splits(splits) -> list[str]:
     if bad or not items or len(set(items)) != len(items):
         raise ConfigError(
             f"splits={','.join(items) or '(none)'!r} is not allowed; give one or both of 'random' and 'block', "
-            "each once (e.g. --splits random,block)"
+            "and/or 'forecast' (with --test-period), each once (e.g. --splits random,block)"
         )
     return items
 
@@ -124,8 +125,10 @@ def compare_models(base: RunConfig, models: list[str], out_dir, overrides: dict[
 def _resplit(prep, cfg: RunConfig):
     """``prep`` with the train / validation / test rows of ``cfg``'s split (same data, same seed)."""
     try:
-        tr, va, te = split_indices(cfg, prep.X)
+        tr, va, te = split_indices(cfg, prep.X, prep.t)
     except DataError as e:
+        if cfg.split != "block":
+            raise
         raise DataError(f"{e} (python -m gpcore compare: pass a smaller --block-km, or --splits random)") from None
     return dataclasses.replace(prep, train_idx=np.asarray(tr), val_idx=np.asarray(va), test_idx=np.asarray(te))
 
@@ -195,7 +198,8 @@ def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -
     fmt["coverage"] = fmt["coverage"].map(lambda v: f"{100 * v:.1f}%")
     for col in ("fit_seconds", "predict_seconds"):
         fmt[col] = fmt[col].map(lambda v: f"{v:.2f}")
-    names = {"random": "random 8:1:1", "block": f"spatial blocks of {base.block_km:g} km (8:1:1 by points)"}
+    names = {"random": "random 8:1:1", "block": f"spatial blocks of {base.block_km:g} km (8:1:1 by points)",
+             "forecast": f"forecast (test {base.test_period}, train on the quarters before)"}
     header = (
         f"# Model comparison\n\nData: `{base.data}` (quarter {base.quarter or 'default'}), target `{base.y}` "
         f"({base.transform}), split{'s' if len(splits) > 1 else ''} {' and '.join(names[s] for s in splits)}, "
@@ -204,7 +208,8 @@ def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -
     )
     parts = [header]
     titles = {"random": "Random split: test rows between training rows",
-              "block": f"Spatial blocks: whole {base.block_km:g} km squares held out (test rows inside gaps)"}
+              "block": f"Spatial blocks: whole {base.block_km:g} km squares held out (test rows inside gaps)",
+              "forecast": f"Forecast: test on {base.test_period}, trained on the quarters before it"}
     for split in splits:
         part = fmt[fmt["split"] == split].drop(columns=["split", "block_km"])
         parts.append(f"## {titles[split]}\n\n{_markdown(part)}\n")

@@ -6,8 +6,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from gpcore.errors import ConfigError
+from gpcore.errors import ConfigError, GPCoreError
 from gpcore.models.registry import DEFAULT_MODEL
+
+#: the split kinds of a run: rows at random, whole spatial blocks, or later quarters (docs/methods/spacetime.md)
+SPLITS = ("random", "block", "forecast")
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,13 @@ class RunConfig:
     ``strata`` is ``None``, ``"county_metro"``, ``"column:<NAME>"`` or ``"polygons:<PATH>"``.
     ``region`` (grid extent) is ``"auto"`` (state boundary of a bundled sample, else the data's
     convex hull), ``"hull"``, ``"bbox"`` or ``"state:<CODE>"``.
+
+    Time (docs/methods/spacetime.md): ``time_input=True`` makes the decimal year of the time column (``time``, or
+    the one found) the last model input, one model over all the quarters read (``quarter`` may be a range
+    ``"2019Q1:2022Q4"``; none reads every quarter, for a bundled sample too); a model with the ``space_time``
+    setting gets ``"separable"`` unless its settings say otherwise. ``split="forecast"`` tests on the rows of
+    ``test_period`` (``"2023Q1:2023Q4"``, read besides ``quarter``) and trains and validates on the quarters before
+    it (:func:`gpcore.data.splits.forecast_split`).
     """
 
     data: str
@@ -41,10 +51,26 @@ class RunConfig:
     grid_target_cells: int = 20000
     region: str = "auto"
     label: str = ""
+    time_input: bool = False
+    test_period: str | None = None
 
     def __post_init__(self):
-        if self.split not in ("random", "block"):
-            raise ConfigError(f"split={self.split!r} is not allowed; allowed values: 'random', 'block'")
+        if self.split not in SPLITS:
+            raise ConfigError(f"split={self.split!r} is not allowed; allowed values: 'random', 'block', 'forecast'")
+        if not isinstance(self.time_input, bool):
+            raise ConfigError(f"time_input={self.time_input!r} must be true or false")
+        if self.test_period is not None:
+            from gpcore.data.temporal import period_bounds
+
+            if not isinstance(self.test_period, str):
+                raise ConfigError(f"test_period={self.test_period!r} must be text like '2023Q1:2023Q4'")
+            try:
+                period_bounds(self.test_period, "test_period (--test-period)")
+            except GPCoreError as e:
+                raise ConfigError(str(e)) from None
+        elif self.split == "forecast":
+            raise ConfigError("split='forecast' needs the quarters to test on: test_period (--test-period), e.g. "
+                              "'2023Q1:2023Q4'")
         if self.grid_kind not in ("square", "quadkey", "none"):
             raise ConfigError(f"grid_kind={self.grid_kind!r} is not allowed; allowed: 'square', 'quadkey', 'none'")
         if self.strata is not None and not (
@@ -104,11 +130,18 @@ def fit_command(cfg: dict, out: str = "runs/reproduced") -> str:
     parts = ["python -m gpcore fit", f"--data {cfg.get('data')}", f"--y {cfg.get('y')}"]
     if cfg.get("x"):
         parts.append(f"--x {','.join(cfg['x'])}")
+    cfg = dict(cfg)
+    if cfg.get("test_period") and cfg.get("split") != "forecast" and cfg.get("quarter"):
+        cfg["quarter"] = f"{cfg['quarter']},{cfg['test_period']}"  # a compare run read the test period too
     for key, flag in (("transform", "--transform"), ("quarter", "--quarter"), ("weight", "--weight"),
-                      ("strata", "--strata")):
+                      ("time", "--time"), ("strata", "--strata")):
         if cfg.get(key) not in (None, "", "identity"):
             parts.append(f"{flag} {cfg[key]}")
-    if cfg.get("split", "random") != "random":
+    if cfg.get("time_input"):
+        parts.append("--time-input")
+    if cfg.get("split") == "forecast":
+        parts.append(f"--split forecast --test-period {cfg.get('test_period')}")
+    elif cfg.get("split", "random") != "random":
         parts.append(f"--split {cfg['split']} --block-km {cfg.get('block_km', 10.0):g}")
     parts.append(f"--seed {cfg.get('seed', 0)}")
     if cfg.get("grid_cell_km"):

@@ -28,11 +28,11 @@ import pandas as pd
 
 from gpcore import metrics as M
 from gpcore.device import describe_device
-from gpcore.errors import ConfigError, TrainingError
+from gpcore.errors import ConfigError, DataError, TrainingError
 from gpcore.identity import dataset_identity
 from gpcore.run import rundir
 from gpcore.run.config import RunConfig
-from gpcore.run.predict import grid_predictions
+from gpcore.run.predict import grid_predictions, input_columns, quarter_grid_predictions, run_inputs, time_summary
 
 # ---------------------------------------------------------------------------------------------
 # data preparation
@@ -57,6 +57,8 @@ class PreparedData:
     report_text: str
     #: per-row weights (``RunConfig.weight``, e.g. Ookla ``tests``), None for an unweighted run
     weights: np.ndarray | None = None
+    #: per-row decimal years of the time column (None without one); with ``time_input`` also ``X[:, 2]``
+    t: np.ndarray | None = None
 
 
 def _sample_key(data: str) -> str | None:
@@ -72,9 +74,12 @@ def load_frame(cfg: RunConfig):
     if key is not None:
         source = str(D.sample_path(key))
         state = _sample_state(D, key)
-        quarter = cfg.quarter or _sample_info(D, key, "default_quarter")
+        over_time = cfg.time_input or cfg.test_period  # every quarter unless --quarter says otherwise
+        quarter = cfg.quarter or (None if over_time else _sample_info(D, key, "default_quarter"))
     else:
         source, state, quarter = cfg.data, None, cfg.quarter
+    if cfg.test_period and quarter not in (None, "", "all"):  # the forecast split's test period is read too
+        quarter = f"{quarter},{cfg.test_period}"
     gdf = D.read_measurements(
         source,
         lon=lon,
@@ -133,10 +138,14 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
         source = cfg.data
         state = _sample_state(D, key) if key else None
     tr = D.get_transform(cfg.transform)
-    X = gdf[["lon", "lat"]].to_numpy(dtype=np.float64)
+    t = gdf["time_year"].to_numpy(dtype=np.float64) if "time_year" in gdf.columns else None
+    if t is None and (cfg.time_input or cfg.split == "forecast"):
+        raise DataError(f"{'--time-input' if cfg.time_input else '--split forecast'} needs a time column (quarters "
+                        "like 2023Q1 or dates) and none was found; name it with --time COLUMN")
+    X = gdf[list(input_columns(cfg.time_input))].to_numpy(dtype=np.float64)
     y = tr.forward(gdf[cfg.y].to_numpy(dtype=np.float64))
     strata = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None
-    tr_i, va_i, te_i = split_indices(cfg, X)
+    tr_i, va_i, te_i = split_indices(cfg, X, t)
     report = gdf.attrs.get("report")
     weights = run_weights(gdf, cfg.weight)
     return PreparedData(
@@ -153,16 +162,25 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
         state=state,
         report_text=report.to_text() if hasattr(report, "to_text") else "",
         weights=weights,
+        t=t,
     )
 
 
-def split_indices(cfg: RunConfig, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Train / validation / test row indices of ``X`` (lon, lat) for ``cfg.split``: a seeded random 8:1:1
-    split, or whole ``cfg.block_km`` squares (:func:`gpcore.data.block_split`)."""
+def split_indices(cfg: RunConfig, X: np.ndarray, t: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Train / validation / test row indices of ``X`` (lon, lat[, t]) for ``cfg.split``: a seeded random 8:1:1
+    split, whole ``cfg.block_km`` squares (:func:`gpcore.data.block_split`), or the quarters before
+    ``cfg.test_period`` and those in it (:func:`gpcore.data.splits.forecast_split`, by the decimal years ``t``)."""
     from gpcore import data as D
 
     if cfg.split == "random":
         return D.random_split(len(X), seed=cfg.seed)
+    if cfg.split == "forecast":
+        from gpcore.data.splits import forecast_split
+
+        if t is None:
+            raise DataError("--split forecast needs a time column (quarters like 2023Q1 or dates); name it with --time")
+        return forecast_split(t, cfg.test_period, seed=cfg.seed, what="--test-period")
     return D.block_split(X[:, 0], X[:, 1], block_km=cfg.block_km, seed=cfg.seed)
 
 
@@ -170,8 +188,6 @@ def run_weights(gdf, column: str | None) -> np.ndarray | None:
     """The run's per-row weights from ``column`` (validated >= 0 by the reader); a model needs > 0."""
     if not column:
         return None
-    from gpcore.errors import DataError
-
     w = gdf[column].to_numpy(dtype=np.float64)
     zero = np.flatnonzero(~(w > 0))
     if zero.size:
@@ -220,10 +236,13 @@ def run_metrics(mean, var_y, y, strata=None, weights=None, weight_name: str | No
 
 def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
     """The model settings of a run: the config's, plus the model's ``run_recalibration`` (``"group"``; ``"none"``
-    for ``vecchia`` and ``dbk-nn``) when the data has strata and the config does not set ``recalibrate`` itself."""
+    for ``vecchia`` and ``dbk-nn``) when the data has strata and the config does not set ``recalibrate`` itself,
+    plus ``space_time="separable"`` for a ``time_input`` run of a model that has that setting and no value for it."""
     from gpcore.models import model_spec
 
     settings = cfg.model_settings()
+    if cfg.time_input and "space_time" in model_spec(cfg.model).cls.Config.field_names():
+        settings.setdefault("space_time", "separable")
     if prep.strata is not None and "recalibrate" not in settings:
         settings["recalibrate"] = model_spec(cfg.model).cls.run_recalibration
     return settings
@@ -357,10 +376,18 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
     w = prep.weights
     w_te = None if w is None else w[prep.test_idx]
     gp = None
-    if grid is not None:
+    quarter_grids, time_info = None, None
+    if grid is not None and cfg.time_input:  # one grid per quarter; grid.parquet is the latest one
+        t0 = time.perf_counter()
+        quarter_grids = quarter_grid_predictions(model, grid, prep.transform, prep.t)
+        gp = quarter_grids[max(quarter_grids)]
+        grid_s = time.perf_counter() - t0
+    elif grid is not None:
         t0 = time.perf_counter()
         gp = grid_predictions(model, grid, prep.transform)
         grid_s = time.perf_counter() - t0
+    if prep.t is not None:
+        time_info = time_summary(cfg, prep.t, quarter_grids, prep.frame.attrs.get("time"))
     test_df = pd.DataFrame(
         {
             "lon": prep.X[prep.test_idx, 0],
@@ -374,8 +401,10 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
     )
     if w_te is not None:
         test_df["weight"] = w_te
+    if prep.t is not None:
+        test_df["t"] = prep.t[prep.test_idx]
     rundir.write_tables(out, model=model, test_predictions=test_df, metrics=table, history=_clean(model.history_),
-                        grid=gp, cells=grid)
+                        grid=gp, cells=grid, quarter_grids=quarter_grids)
     manifest = {
         "format": rundir.RUN_FORMAT,
         "run_id": final.name,
@@ -416,6 +445,7 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
         "metrics": table.replace({np.nan: None}).to_dict(orient="records"),
         "grid_cells": 0 if grid is None else int(len(grid)),
         "grid": _grid_spec(grid),
+        "time": time_info,
     }
     rundir.write_manifest(out, _clean(manifest))
 
@@ -434,8 +464,6 @@ def _clean(obj):
     return _jsonable(obj)
 
 
-
-
 def evaluate_run(run_dir, data: str, *, quarter: str | None = None, strata: str | None = None,
                  allow_drop: bool = True) -> pd.DataFrame:
     """A stored run's metrics on a labelled data file (its strata, or ``strata``; each row with its own weight)."""
@@ -445,10 +473,10 @@ def evaluate_run(run_dir, data: str, *, quarter: str | None = None, strata: str 
     manifest, model = load_run(run_dir)
     cfg = RunConfig.from_dict(manifest["config"])
     gdf = D.read_measurements(D.resolve_data(data), target=cfg.y, transform=cfg.transform, quarter=quarter,
-                              allow_drop=allow_drop, weight=cfg.weight)
+                              allow_drop=allow_drop, weight=cfg.weight, time=cfg.time if cfg.time_input else None)
     gdf = apply_strata(gdf, strata or cfg.strata, manifest["data"].get("state"))
     y = D.get_transform(cfg.transform).forward(gdf[cfg.y].to_numpy(float))
     groups = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None
     w = run_weights(gdf, cfg.weight) if model.weighted else None  # each row with its own measurement count
-    pred = model.predict(gdf[["lon", "lat"]].to_numpy(float), weights=w, groups=groups)
+    pred = model.predict(run_inputs(cfg, gdf), weights=w, groups=groups)
     return run_metrics(pred.mean, pred.var_y, y, groups, w, cfg.weight)

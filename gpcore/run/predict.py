@@ -12,6 +12,11 @@ whatever the number of cells (docs/scaling.md).
 
 Under ``torchrun --nproc_per_node=N`` batch ``k`` is predicted by rank ``k mod N`` (each process on its own
 GPU when there are GPUs) into a part file; rank 0 then stitches the parts, in order, into the sink.
+
+A run fitted with time as an input (``RunConfig.time_input``, docs/methods/spacetime.md) takes ``(lon, lat, t)``,
+``t`` in decimal years: :func:`run_inputs` builds them from a frame (its own time column, or one quarter ``at``
+for every row), :func:`quarter_grid_predictions` predicts its grid at every quarter of its data, and
+:class:`TimeSlice` makes it a ``(lon, lat)`` model at one time for the streamed prediction.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpcore import metrics as M
-from gpcore.errors import ConfigError
+from gpcore.errors import ConfigError, DataError
 
 DEFAULT_BATCH = 65536
 
@@ -61,10 +66,12 @@ class KernelCache:
         return k
 
 
-def grid_predictions(model, grid, transform, level: float = 0.95) -> pd.DataFrame:
-    """Predict on grid centres; transformed-space mean/sd plus back-transformed map columns."""
+def grid_predictions(model, grid, transform, level: float = 0.95, t=None) -> pd.DataFrame:
+    """Predict on grid centres; transformed-space mean/sd plus back-transformed map columns. ``t``: for a model
+    with time as its last input, the decimal year of every cell (a number) or of each cell (``(n,)``); None for a
+    spatial model."""
     Xg = grid[["lon", "lat"]].to_numpy(dtype=np.float64)
-    pred = model.predict(Xg)
+    pred = model.predict(Xg if t is None else np.column_stack([Xg, np.broadcast_to(np.asarray(t, float), len(Xg))]))
     lo_t, hi_t = pred.interval(level)
     out = pd.DataFrame(
         {
@@ -84,16 +91,102 @@ def grid_predictions(model, grid, transform, level: float = 0.95) -> pd.DataFram
     return out
 
 
-def predict_points(run_dir, data: str, *, quarter: str | None = None, allow_drop: bool = True) -> pd.DataFrame:
-    """A stored run's :func:`grid_predictions` at the rows of a data file (held in memory)."""
+def input_columns(time_input: bool) -> tuple[str, ...]:
+    """The frame columns a run's model takes: ``lon, lat`` and, with time as an input, ``time_year``."""
+    return ("lon", "lat", "time_year") if time_input else ("lon", "lat")
+
+
+def run_time_at(cfg, at: str | None, what: str = "--at") -> float | None:
+    """The decimal year of quarter ``at`` for a run with time as an input (None when ``at`` is None); an error
+    naming ``what`` when the run has no time input."""
+    from gpcore.data.temporal import parse_quarter
+
+    if at is None:
+        return None
+    if not _time_input(cfg):
+        raise ConfigError(f"{what} {at}: this run was not fitted with time as an input, so it has no time to predict "
+                          "at; drop the flag or fit with --time-input")
+    return parse_quarter(at, what)
+
+
+def _time_input(cfg) -> bool:
+    return bool(cfg.get("time_input") if isinstance(cfg, dict) else getattr(cfg, "time_input", False))
+
+
+def run_inputs(cfg, gdf, at: float | None = None) -> np.ndarray:
+    """Model inputs of a run (``cfg`` a :class:`RunConfig` or its dict) at the rows of a frame read by
+    ``read_measurements``: ``(lon, lat)``, or with time as an input ``(lon, lat, t)`` with ``t`` = ``at`` (decimal
+    years) for every row or else the rows' own time column."""
+    X = gdf[["lon", "lat"]].to_numpy(dtype=np.float64)
+    if not _time_input(cfg):
+        return X
+    if at is None:
+        if "time_year" not in gdf.columns:
+            raise DataError("this run takes time as an input and the data has no time column: give --at QUARTER "
+                            "(e.g. --at 2024Q1) or a file with a quarter or date column")
+        t = gdf["time_year"].to_numpy(dtype=np.float64)
+    else:
+        t = np.full(len(X), float(at))
+    return np.column_stack([X, t])
+
+
+class TimeSlice:
+    """A model with time as its last input, seen as a ``(lon, lat)`` model at the decimal year ``t``: ``predict``
+    appends ``t`` to every row (what the streamed prediction calls)."""
+
+    def __init__(self, model, t: float):
+        self.model, self.t = model, float(t)
+
+    def predict(self, X, batch_size: int | None = None, **kw):
+        X = np.asarray(X, dtype=np.float64)
+        return self.model.predict(np.column_stack([X, np.full(len(X), self.t)]), batch_size, **kw)
+
+
+def quarter_grid_predictions(model, grid, transform, t, level: float = 0.95) -> dict[str, pd.DataFrame]:
+    """:func:`grid_predictions` at the middle of every quarter of the decimal years ``t`` (the run's rows), keyed
+    by quarter label (``"2019Q1"``; labels sort in time)."""
+    from gpcore.data.temporal import quarter_index, quarter_label, quarter_middle
+
+    quarters = np.unique(quarter_index(t[np.isfinite(t)]))
+    return {quarter_label(q): grid_predictions(model, grid, transform, level, t=quarter_middle(int(q)))
+            for q in quarters}
+
+
+def time_summary(cfg, t, quarter_grids: dict | None, column: str | None = None) -> dict:
+    """The manifest's ``time`` record: the time column, the quarters of the data, whether t is an input, the
+    forecast test period, and the quarter of ``grid.parquet`` (the latest) and of the per-quarter grids."""
+    from gpcore.data.temporal import quarter_index, quarter_label
+
+    quarters = [quarter_label(q) for q in np.unique(quarter_index(t[np.isfinite(t)]))]
+    return {"column": column or cfg.time, "input": bool(cfg.time_input), "quarters": quarters,
+            "t_min": float(np.nanmin(t)) if len(t) else None, "t_max": float(np.nanmax(t)) if len(t) else None,
+            "test_period": cfg.test_period if cfg.split == "forecast" else None,
+            "grid_quarter": max(quarter_grids) if quarter_grids else None,
+            "grid_quarters": sorted(quarter_grids) if quarter_grids else []}
+
+
+def predict_points(run_dir, data: str, *, quarter: str | None = None, allow_drop: bool = True,
+                   at: str | None = None) -> pd.DataFrame:
+    """A stored run's :func:`grid_predictions` at the rows of a data file (held in memory). For a run with time as
+    an input, ``at`` (a quarter, ``"2024Q1"``) is the time of every row; without it each row's own time column."""
     from gpcore import data as D
     from gpcore.run.store import load_run
 
     manifest, model = load_run(run_dir)
-    gdf = D.read_measurements(D.resolve_data(data), quarter=quarter, allow_drop=allow_drop)
+    cfg = manifest["config"]
+    t_at = run_time_at(cfg, at)
+    gdf = D.read_measurements(D.resolve_data(data), quarter=quarter, allow_drop=allow_drop,
+                              time=cfg.get("time") if _time_input(cfg) and at is None else None)
     if "cell_id" not in gdf.columns:
         gdf["cell_id"] = range(len(gdf))
-    return grid_predictions(model, gdf, D.get_transform(manifest["config"].get("transform", "identity")))
+    X = run_inputs(cfg, gdf, t_at)
+    frame = pd.DataFrame({"cell_id": gdf["cell_id"].to_numpy(), "lon": X[:, 0], "lat": X[:, 1]})
+    tr = D.get_transform(cfg.get("transform", "identity"))
+    if X.shape[1] == 2:
+        return grid_predictions(model, frame, tr)
+    out = grid_predictions(model, frame, tr, t=X[:, 2])
+    out.insert(3, "t", X[:, 2])
+    return out
 
 
 def predict_columns(model, chunk, transform, level: float = 0.95) -> dict[str, np.ndarray]:
@@ -231,9 +324,11 @@ def _merge_parts(parts: Path, sink, source, batch_size: int, world: int) -> int:
 def predict_run_stream(run_dir, out, *, grid: str | None = None, grid_region: str | None = None,
                        x_cols: tuple[str, str] | None = None, id_col: str | None = None, cell_km: float | None = None,
                        cell_deg: float | None = None, cells: int | None = None, batch_size: int = DEFAULT_BATCH,
-                       level: float = 0.95, progress=None, distributed: bool | None = None) -> StreamResult:
+                       level: float = 0.95, progress=None, distributed: bool | None = None,
+                       at: str | None = None) -> StreamResult:
     """Stream a stored run's predictions over the cells of a Parquet file (``grid``) or a generated raster
-    (``grid_region``: ``bbox:W,E,S,N``, ``state:CODE`` or ``run``) into ``out``; sharded under torchrun."""
+    (``grid_region``: ``bbox:W,E,S,N``, ``state:CODE`` or ``run``) into ``out``; sharded under torchrun. A run with
+    time as an input needs ``at`` (a quarter, ``"2024Q1"``): every cell is predicted at that time."""
     from gpcore import distributed as D
     from gpcore.data.export import open_sink
     from gpcore.data.grid import ParquetGrid, region_grid
@@ -247,12 +342,16 @@ def predict_run_stream(run_dir, out, *, grid: str | None = None, grid_region: st
     try:
         manifest, model = load_run(run_dir)
         transform = manifest["config"].get("transform", "identity")
+        t_at = run_time_at(manifest["config"], at)
+        if _time_input(manifest["config"]) and t_at is None:
+            raise ConfigError("this run takes time as an input: give the quarter to predict at, e.g. --at 2024Q1")
         if grid is not None:
             source = ParquetGrid(grid, x_cols, id_col)
         else:
             source = region_grid(grid_region, model, cell_km=cell_km, cell_deg=cell_deg, cells=cells)
         tags = {"model": manifest["config"].get("model", ""), "transform": transform, "level": f"{level:g}",
-                "run": Path(run_dir).name}
+                "run": Path(run_dir).name, **({"quarter": at} if at else {})}
+        model = model if t_at is None else TimeSlice(model, t_at)
         return stream_predict(model, source, open_sink(out, source, tags), transform, batch_size=batch_size,
                               level=level, progress=progress, ctx=ctx)
     finally:

@@ -7,6 +7,8 @@ A run folder holds::
     metrics.csv              tidy metrics per stratum (all / metro / non-metro ...), transformed units
     test_predictions.parquet test rows: lon, lat, y, mean, var_y, stratum (transformed units)
     grid.parquet             prediction grid: cell_id, lon, lat, mean_t, sd_t, mean, lower, upper, width
+    grids/<quarter>.parquet  a run with time as an input: the grid at each quarter of its data (2019Q1.parquet ...;
+                             grid.parquet is the latest); run.json "time" lists them
     grid_cells.parquet       the grid polygons as GeoParquet (cell_id, geometry; for maps and exports)
     history.json             per-epoch loss and validation NLL
 
@@ -41,6 +43,9 @@ MODEL = "model"
 #: The files of the model format (``GPModel.save``): nothing else in model/ is ever exported.
 MODEL_FILES = ("model.json", "model.safetensors")
 GRID = "grid.parquet"
+#: the per-quarter grids of a run with time as an input: ``grids/<YYYYQn>.parquet``
+GRIDS = "grids"
+QUARTER_RE = re.compile(r"\d{4}Q[1-4]")
 CELLS = "grid_cells.parquet"
 CELLS_GEOJSON = "grid_cells.geojson"  # runs written before the cells were GeoParquet
 METRICS = "metrics.csv"
@@ -131,6 +136,10 @@ def validate_manifest(manifest, where: str = MANIFEST) -> dict:
         raise bad("grid_cells", "is not a count")
     if "noise_variance" in manifest and not _is_number(manifest["noise_variance"], allow_none=True):
         raise bad("noise_variance", "is not a finite number")
+    tm = manifest.get("time")
+    if tm is not None and not (isinstance(tm, dict) and isinstance(tm.get("quarters", []), list)
+                               and all(isinstance(q, str) for q in tm.get("grid_quarters", []))):
+        raise bad("time", "is not an object with lists of quarters")
     return manifest
 
 
@@ -234,11 +243,18 @@ def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_tables(run_dir, *, model, test_predictions, metrics, history, grid=None, cells=None) -> None:
-    """Write a run's model, tables and (optional) grid predictions and cell polygons into ``run_dir``."""
+def write_tables(run_dir, *, model, test_predictions, metrics, history, grid=None, cells=None,
+                 quarter_grids: dict | None = None) -> None:
+    """Write a run's model, tables and (optional) grid predictions and cell polygons into ``run_dir``;
+    ``quarter_grids`` (``{"2019Q1": frame, ...}``) go to ``grids/<quarter>.parquet``."""
     run_dir = Path(run_dir)
     if grid is not None:
         grid.to_parquet(run_dir / GRID, index=False)
+    for label, frame in (quarter_grids or {}).items():
+        if not QUARTER_RE.fullmatch(label):
+            raise RunError(f"grid quarter {label!r} is not a quarter like 2019Q1")
+        (run_dir / GRIDS).mkdir(exist_ok=True)
+        frame.to_parquet(run_dir / GRIDS / f"{label}.parquet", index=False)
     if cells is not None:
         cells = cells[["cell_id", "geometry"]].copy()
         cells.attrs = {}  # a grid's attrs hold Python objects (GridSpec) that Parquet metadata cannot store
@@ -281,13 +297,29 @@ def _table(p: Path, columns=()):
     return df
 
 
-def read_grid(run_dir):
-    """The run's grid predictions (``grid.parquet``), checked: the :data:`GRID_COLUMNS`, numeric predictions,
-    finite coordinates. ``None`` when the run has no grid."""
+def grid_quarters(run_dir) -> list[str]:
+    """The quarters a run with time as an input has grids for (``grids/<quarter>.parquet``), in time order."""
+    folder = Path(run_dir) / GRIDS
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(f.stem for f in folder.glob("*.parquet") if QUARTER_RE.fullmatch(f.stem) and f.is_file())
+
+
+def read_grid(run_dir, quarter: str | None = None):
+    """The run's grid predictions (``grid.parquet``, or with ``quarter`` the run's grid at that quarter), checked:
+    the :data:`GRID_COLUMNS`, numeric predictions, finite coordinates. ``None`` when the run has no grid (RunError
+    for a quarter it has no grid for)."""
     p = Path(run_dir)
     if not has_grid(p):
         return None
-    grid = _table(p / GRID, GRID_COLUMNS)
+    path = p / GRID
+    if quarter is not None:
+        have = grid_quarters(p)
+        if quarter not in have:
+            what = ", ".join(have) if have else "no per-quarter grids (it was not fitted with --time-input)"
+            raise RunError(f"run '{p.name}' has no grid for the quarter {quarter!r}; it has {what}")
+        path = p / GRIDS / f"{quarter}.parquet"
+    grid = _table(path, GRID_COLUMNS)
     try:
         grid = grid.astype({c: float for c in GRID_COLUMNS if c != "cell_id"})
     except (TypeError, ValueError):
@@ -323,16 +355,17 @@ def grid_spec(manifest: dict):
     return None
 
 
-def read_grid_frame(run_dir, manifest: dict | None = None):
-    """The run's grid as a GeoDataFrame: predictions joined to the cell polygons (cell centres as points when
-    the run kept no polygons), with its ``GridSpec`` in ``attrs["grid"]`` when the run recorded one."""
+def read_grid_frame(run_dir, manifest: dict | None = None, quarter: str | None = None):
+    """The run's grid as a GeoDataFrame: predictions (at ``quarter`` for a run with time as an input, see
+    :func:`read_grid`) joined to the cell polygons (cell centres as points when the run kept no polygons), with its
+    ``GridSpec`` in ``attrs["grid"]`` when the run recorded one."""
     import geopandas as gpd
 
     p = Path(run_dir)
     manifest = read_manifest(p) if manifest is None else manifest
     if not has_grid(p):
         raise GPCoreError(f"run '{p}' has no prediction grid (it was trained with --grid none); refit with a grid")
-    preds = read_grid(p)
+    preds = read_grid(p, quarter)
     cells = read_cells(p)
     if cells is not None:
         grid = cells.merge(preds, on="cell_id", how="inner")

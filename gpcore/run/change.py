@@ -1,0 +1,124 @@
+"""The posterior of the change between two times, per place, from the *joint* posterior (``python -m gpcore change``).
+
+For a run with time as an input (``RunConfig.time_input``) and places ``x`` (the run's grid cells), the change
+``D(x) = f(x, t2) - f(x, t1)`` of the latent field is Gaussian with
+
+    E[D] = m(x, t2) - m(x, t1),      Var[D] = v1 + v2 - 2 c12,
+
+where ``v1, v2`` are the posterior variances at ``(x, t1)``, ``(x, t2)`` and ``c12`` their posterior covariance,
+all three from the model's joint posterior ``model.posterior_cov`` (for ``vecchia`` / ``dbk-nn`` the joint Vecchia
+posterior, docs/decide.md; exact at ``m = n - 1``). Two independent marginals would drop ``-2 c12`` and overstate
+the uncertainty of a change wherever the field is persistent in time. ``P(D > 0) = Phi(E[D] / sd[D])``.
+
+Nothing ``n x n`` is formed: the places go in chunks of ``chunk`` cells, each chunk's ``2 chunk`` places
+``(x, t1), (x, t2)`` in one ``posterior_cov`` call, from which only the per-cell ``2 x 2`` blocks are kept. A chunk
+takes every ``K``-th cell (``K`` = the number of chunks), so its cells lie far apart and each place's nearest
+other place in the chunk is its own partner in time (the joint Vecchia posterior conditions on it directly).
+Formula and units: docs/methods/spacetime.md, "The change posterior".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+
+from gpcore.errors import ConfigError, DataError, RunError
+
+#: cells per posterior_cov call (2 x CHUNK places; a 2 CHUNK square matrix)
+CHUNK = 256
+COLUMNS = ("cell_id", "lon", "lat", "change_mean", "change_sd", "change_lo", "change_hi", "p_increase")
+
+
+def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of ``f(x, t2) - f(x, t1)`` at each row of ``X`` (``n x 2``: the space columns) for a model
+    whose last input is time, in the model's (transformed) units; shapes ``(n,)``. ``t1``, ``t2`` in decimal years.
+
+    Means are the model's predictive means; the variance is ``v1 + v2 - 2 c12`` from its joint posterior
+    (:meth:`posterior_cov` over the ``2 x chunk`` places of each chunk of cells), floored at 0.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] + 1 != getattr(model, "d_", X.shape[1] + 1):
+        raise DataError(f"places must have the model's space columns ({getattr(model, 'd_', 3) - 1}), got shape "
+                        f"{X.shape}")
+    if chunk < 1:
+        raise ConfigError(f"chunk must be >= 1, got {chunk}")
+    n = X.shape[0]
+    X1 = np.column_stack([X, np.full(n, float(t1))])
+    X2 = np.column_stack([X, np.full(n, float(t2))])
+    mean = model.predict(X2).mean - model.predict(X1).mean
+    var = np.empty(n)
+    k = max(1, math.ceil(n / chunk))
+    for j in range(k):  # chunk j: cells j, j + k, j + 2k, ... (spread out)
+        idx = np.arange(j, n, k)
+        if not len(idx):
+            continue
+        c = len(idx)
+        C = model.posterior_cov(np.vstack([X1[idx], X2[idx]]))
+        d = np.diag(C)
+        var[idx] = d[:c] + d[c:] - 2.0 * C[np.arange(c), c + np.arange(c)]
+    return mean, np.maximum(var, 0.0)
+
+
+@dataclass
+class ChangeResult:
+    """A change table (:data:`COLUMNS`) and what its numbers are."""
+
+    table: pd.DataFrame
+    t_from: str
+    t_to: str
+    units: str
+    level: float
+
+
+def change_table(model, cells, t1: float, t2: float, level: float = 0.95, chunk: int = CHUNK) -> pd.DataFrame:
+    """:data:`COLUMNS` per cell of ``cells`` (a frame with ``lon``, ``lat`` and optionally ``cell_id``): the change's
+    mean, sd, central ``level`` interval and ``p_increase = P(change > 0) = Phi(mean / sd)`` (1/2 where sd = 0 and
+    mean = 0)."""
+    if not 0 < level < 1:
+        raise ConfigError(f"level must be in (0, 1), got {level}")
+    X = cells[["lon", "lat"]].to_numpy(dtype=np.float64)
+    mean, var = change_moments(model, X, t1, t2, chunk)
+    sd = np.sqrt(var)
+    z = float(norm.ppf(0.5 + level / 2))
+    p = np.where(sd > 0, norm.cdf(mean / np.where(sd > 0, sd, 1.0)), 0.5 + 0.5 * np.sign(mean))
+    ids = cells["cell_id"].to_numpy() if "cell_id" in cells.columns else np.arange(len(X))
+    return pd.DataFrame({"cell_id": ids, "lon": X[:, 0], "lat": X[:, 1], "change_mean": mean, "change_sd": sd,
+                         "change_lo": mean - z * sd, "change_hi": mean + z * sd, "p_increase": p})
+
+
+def units_text(cfg: dict) -> str:
+    """What a change's numbers are in, for a run's config (its target and transform)."""
+    y, tr = cfg.get("y", "the target"), cfg.get("transform", "identity")
+    if tr == "log10":
+        return (f"log10({y}) units: change_mean is log10 of the ratio t2/t1 (0.1 = x1.26, 0.3 = x2.0; "
+                f"10**change_mean is the ratio of the medians)")
+    if tr == "log":
+        return f"natural-log({y}) units: change_mean is ln of the ratio t2/t1 (exp(change_mean) is the ratio)"
+    return f"{y} units"
+
+
+def run_change(run_dir, t_from: str, t_to: str, level: float = 0.95, chunk: int = CHUNK) -> ChangeResult:
+    """The change between quarters ``t_from`` and ``t_to`` (``"2019Q4"``) at every grid cell of a stored run with
+    time as an input. Quarters outside the run's data are allowed (the GP extrapolates; the interval says how well).
+    Errors name the flags ``--from`` / ``--to``."""
+    from gpcore.data.temporal import parse_quarter
+    from gpcore.run import rundir
+    from gpcore.run.store import load_run
+
+    t1, t2 = parse_quarter(t_from, "--from"), parse_quarter(t_to, "--to")
+    if t1 == t2:
+        raise DataError(f"--from {t_from} and --to {t_to} are the same quarter; give two different quarters")
+    manifest, model = load_run(run_dir)
+    cfg = manifest["config"]
+    if not cfg.get("time_input"):
+        raise RunError(f"run '{run_dir}' was not fitted with time as an input, so it has no change between "
+                       "quarters; fit it with --time-input (e.g. --quarter 2019Q1:2023Q4 --time-input)")
+    cells = rundir.read_grid(run_dir)
+    if cells is None:
+        raise RunError(f"run '{run_dir}' has no prediction grid (fitted with --grid none); refit it with a grid")
+    table = change_table(model, cells, t1, t2, level, chunk)
+    return ChangeResult(table, t_from, t_to, units_text(cfg), level)
