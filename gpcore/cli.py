@@ -92,6 +92,11 @@ def _add_data_args(p: argparse.ArgumentParser, need_y: bool = True) -> None:
 def _run_config(args, model: str, settings: dict):
     from gpcore.run.config import RunConfig
 
+    if args.test_period is not None:
+        from gpcore.data.temporal import period_bounds
+
+        period_bounds(args.test_period, "--test-period")  # the flag's own error before the config's
+
     return RunConfig(data=args.data, y=args.y, model=model, settings=settings,
                      x=tuple(args.x.split(",")) if args.x else None, transform=args.transform, quarter=args.quarter,
                      weight=args.weight, time=args.time, strata=args.strata, split=args.split,
