@@ -211,3 +211,20 @@ def test_command_errors(st_run, spatial_run, tmp_path, capsys):
                        "--at QUARTER")
     _expect_user_error(capsys, ["predict", str(st_run), "--data", str(tmp_path / "one.csv"), "--at", "Q5-2020",
                                 "--out", out], "--at 'Q5-2020' is not a quarter")
+
+
+def test_run_folder_reads_per_quarter_grids_and_reproduces_the_fit(st_run):
+    from gpcore.errors import RunError
+    from gpcore.run import rundir
+    from gpcore.run.config import fit_command
+
+    assert rundir.grid_quarters(st_run) == QUARTERS[:6] + ["2020Q3"]
+    g = rundir.read_grid(st_run, "2019Q3")
+    pd.testing.assert_frame_equal(g, pd.read_parquet(st_run / "grids" / "2019Q3.parquet").astype(
+        {c: float for c in rundir.GRID_COLUMNS if c != "cell_id"}))
+    assert len(rundir.read_grid_frame(st_run, quarter="2019Q3")) == len(g)
+    with pytest.raises(RunError, match="no grid for the quarter '2024Q1'; it has 2019Q1"):
+        rundir.read_grid(st_run, "2024Q1")
+    cmd = fit_command(json.loads((st_run / "run.json").read_text())["config"])
+    assert "--time-input" in cmd and "--split forecast --test-period 2020Q2:2020Q3" in cmd
+    assert "--quarter 2019Q1:2020Q2" in cmd
