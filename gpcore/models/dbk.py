@@ -47,6 +47,7 @@ from gpcore.models.linalg import (
     tril_factor,
 )
 from gpcore.models.registry import register, register_alias
+from gpcore.models.validation import upper_factor, validation_into_posterior
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class DBKConfig(BaseConfig):
                                       "on blocks of validation rows (areas, samples, suggestions)")
     joint_block: float = setting(0.1, help="side of the joint calibration's blocks in scaled inputs ([-1, 1] box)",
                                  min=0.0, min_inclusive=False)
+    condition_on_validation: bool = setting(False, help="after training and calibration, update q(w) with the "
+                                            "validation rows (Bayes' rule; off: it hurts dPPGP, docs/calibration.md)")
 
 
 class DBKModule(SoftplusHyperparameters, nn.Module):
@@ -396,19 +399,17 @@ class DBK(GPModel):
         return inner
 
     def _feature_form(self):
-        mod = self.module_
-        m, F = self.posterior_q()
-        Lz = mod.chol_zz() if mod.basis == "rbf" else None
+        feats, m, F = self._weight_posterior()
         F = F.detach().double()
         rho = getattr(self, "joint_rho_", 1.0)
         white = None
         if rho < 1.0:  # the calibrated joint: (1 - rho) of each place's variance independent between places
-            white = lambda xs: (1.0 - rho) * (mod.features(xs, Lz).double() @ F).pow(2).sum(-1)  # noqa: E731
+            white = lambda xs: (1.0 - rho) * (feats(xs).double() @ F).pow(2).sum(-1)  # noqa: E731
         return FeatureForm(
-            features=lambda xs: mod.features(xs, Lz).double(),
+            features=lambda xs: feats(xs).double(),
             mean=m.detach().double(),
             factor=F * math.sqrt(rho),
-            mu0=float(mod.mu0.detach()),
+            mu0=float(self.module_.mu0.detach()),
             note="degenerate kernel phi^T phi': the weight posterior is the whole posterior"
             + (f" (joint calibration rho = {rho:.2f})" if rho < 1.0 else ""),
             white=white,
@@ -416,13 +417,33 @@ class DBK(GPModel):
 
     # ------------------------------------------------------------------ joint calibration (dPPGP)
     def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, **kw):
-        """:meth:`GPModel.fit`, then (dPPGP, ``joint_calibration``) the joint calibration on the validation rows."""
+        """:meth:`GPModel.fit`, then (dPPGP, ``joint_calibration``) the joint calibration on the validation rows, then
+        (``condition_on_validation``) the validation rows into ``q(w)`` (:mod:`gpcore.models.validation`)."""
         super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, **kw)
         self.joint_rho_ = 1.0
         if (self.config.objective == "dppgp" and self.config.joint_calibration and X_val is not None
                 and len(X_val) and not self.train_info_.get("cancelled")):
             self._calibrate_joint(X_val, y_val, val_weights)
+        validation_into_posterior(self, X_val, y_val, val_weights)
         return self
+
+    def _weight_posterior(self):
+        mod = self.module_
+        m, F = self.posterior_q()
+        Lz = mod.chol_zz() if mod.basis == "rbf" else None
+        return (lambda xs: mod.features(xs, Lz)), m, F
+
+    @torch.no_grad()
+    def _set_weight_posterior(self, m: torch.Tensor, S: torch.Tensor) -> None:
+        mod = self.module_
+        if self.config.objective == "mml":  # post_U is upper triangular
+            mod.post_m.copy_(m.to(mod.post_m))
+            mod.post_U.copy_(upper_factor(S).to(mod.post_U))
+            return
+        L = torch.linalg.cholesky(S)
+        mod.m.copy_(m.to(mod.m))
+        mod.A.copy_(torch.tril(L, -1).to(mod.A))
+        mod.rho.copy_(torch.log(L.diagonal()).to(mod.rho))
 
     def _calibrate_joint(self, X_val, y_val, val_weights=None) -> None:
         """dPPGP fits ``q(w)`` through per-point likelihoods, which leave the correlations it implies between places

@@ -59,6 +59,7 @@ from gpcore.models.linalg import (
     tril_factor,
 )
 from gpcore.models.registry import register, register_alias
+from gpcore.models.validation import validation_into_posterior
 
 #: at most this many (unique) training inputs are used by the k-means initialisation
 KMEANS_MAX_POINTS = 20000
@@ -111,6 +112,8 @@ class SVGPConfig(BaseConfig):
     jitter: float = setting(1e-6, help="relative jitter added to K_ZZ before its Cholesky", min=0.0)
     lr: float = setting(1e-2, help="AdamW learning rate", min=0.0, min_inclusive=False, main=True)
     weight_decay: float = setting(1e-2, help="AdamW weight decay on the backbone only", min=0.0)
+    condition_on_validation: bool = setting(False, help="after training and any recalibration, update q(w) with the "
+                                            "validation rows (Bayes' rule; off: no gain measured, docs/calibration.md)")
 
 
 class SVGPModule(SoftplusHyperparameters, nn.Module):
@@ -335,6 +338,21 @@ class SVGP(GPModel):
         mod.m.copy_(m.to(mod.m))
         mod.A.copy_(torch.tril(L, -1).to(mod.A))
         mod.rho.copy_(torch.log(L.diagonal()).to(mod.rho))
+
+    def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, **kw):
+        """:meth:`GPModel.fit`, then (``condition_on_validation``) the validation rows into ``q(w)``
+        (:mod:`gpcore.models.validation`)."""
+        super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, **kw)
+        validation_into_posterior(self, X_val, y_val, val_weights)
+        return self
+
+    def _weight_posterior(self):
+        mod = self.module_
+        Lz = mod.chol_zz()
+        return (lambda xs: mod.features64(xs, Lz)[0]), mod.m, mod.q_factor()
+
+    def _set_weight_posterior(self, m: torch.Tensor, S: torch.Tensor) -> None:
+        self.set_q(m, torch.linalg.cholesky(S))
 
     # ------------------------------------------------------------------ prediction and kernel
     def _predict_f(self, xb):

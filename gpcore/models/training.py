@@ -291,7 +291,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
                 step += 1
         epoch_loss = (total / len(batches)).item()
         lbfgs_converged = (isinstance(opt, torch.optim.LBFGS) and bool(history)
-                           and abs(history[-1]["loss"] - epoch_loss) <= 1e-10 * max(1.0, abs(epoch_loss)))
+                           and abs(history[-1]["loss"] - epoch_loss) <= cfg.lbfgs_tolerance * max(1.0, abs(epoch_loss)))
         if not math.isfinite(epoch_loss):
             if best_state is None:
                 raise TrainingError(

@@ -106,6 +106,8 @@ class VecchiaConfig(st.SpaceTimeConfig):
     optimizer: str = setting("lbfgs", help="'lbfgs' (one L-BFGS iteration with a line search per epoch) or 'adam'",
                              choices=("lbfgs", "adam"), main=True)
     lbfgs_history: int = setting(10, help="L-BFGS curvature pairs kept", min=1)
+    lbfgs_tolerance: float = setting(1e-6, help="stop once an L-BFGS iteration changes the training loss by less "
+                                     "than this fraction (GPBoost's delta_rel_conv)", min=0.0)
     epochs: int = setting(100, help="full-batch steps (L-BFGS iterations or Adam steps)", min=1, main=True)
     lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
                         min_inclusive=False, main=True)
