@@ -215,8 +215,10 @@ class DBKNN(VecchiaGP):
             return mod
         src = stage1.module_
         mod.dbk.load_state_dict({k: v for k, v in src.state_dict().items() if k != "raw_nugget"})
-        s2 = float(src.noise.detach())
-        with torch.no_grad():  # split DBK's noise between the residual and the new noise; mean from DBK
+        # split the variance DBK's mean leaves in the training rows between the residual and the noise (DBK's own
+        # noise can be far smaller: dPPGP puts variance into q(w); starting from it took 3x the L-BFGS iterations)
+        s2 = float((ys.double() - stage1.predict_scaled(Xs)[0].double()).pow(2).mean())
+        with torch.no_grad():
             mod.raw_outputscale.fill_(inv_softplus(max(0.5 * s2, 1e-4)))
             mod.raw_noise.fill_(inv_softplus(max(0.5 * s2 - mod.noise_floor, 1e-6)))
             mod.mu0.fill_(float(src.mu0))
