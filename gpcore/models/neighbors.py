@@ -77,8 +77,9 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
     """The ``m`` nearest predecessors of every row of the already-ordered ``Xo`` (``n x d``).
 
     Returns ``n x m`` int64 row indices into ``Xo``, nearest first, ``-1`` where row ``i`` has fewer
-    than ``m`` predecessors (``i < m``). Exact: brute force for the first ``brute_below`` rows, then
-    KD-tree queries over all rows with ``k`` growing until ``m`` predecessors are among them.
+    than ``m`` predecessors (``i < m``). Exact: brute force for the first ``brute_below`` rows, then for each
+    block ``[s, 2s)`` KD-tree queries over its first ``2s`` rows with ``k`` growing until ``m`` predecessors are
+    among them.
     With ``start > 0`` only rows ``start ..`` are searched (rows appended to an ordered set, e.g. new conditioning
     rows): the result is ``(n - start) x m``, row ``i - start`` for row ``i``.
     """
@@ -99,23 +100,24 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
         idx = np.argsort(D, axis=1, kind="stable")[:, :k]
         valid = np.take_along_axis(D, idx, 1) < np.inf
         out[s:e, :k] = np.where(valid, idx, -1)
-    rest = np.arange(max(nb, start), n)
-    if rest.size == 0:
-        return out[start:]
-    tree = cKDTree(Xo)
-    k = min(n, 4 * m)
-    while rest.size:
-        k = min(n, k)
-        _, idx = tree.query(Xo[rest], k=k)
-        idx = idx.reshape(rest.size, k)
-        pred = idx < rest[:, None]
-        done = pred.sum(1) >= m
-        if k >= n:
-            done[:] = True  # every row has >= m predecessors here (rest starts at nb > m)
-        if done.any():
-            rows = np.flatnonzero(done)
-            sel = np.argsort(~pred[rows], axis=1, kind="stable")[:, :m]  # first m predecessors, nearest first
-            out[rest[rows]] = np.take_along_axis(idx[rows], sel, 1)
-        rest = rest[~done]
-        k *= 4
+    # then blocks [s, 2s) of the ordering, each against a tree of its first 2s rows: at least half of a block row's
+    # tree neighbours are its predecessors, so k ~ 2m finds them (a tree over all n rows needs k ~ m n / i)
+    s = max(nb, start)
+    while s < n:
+        e = min(n, 2 * s)
+        tree = cKDTree(Xo[:e])
+        rest = np.arange(s, e)
+        k = min(e, 2 * m + 8)
+        while rest.size:
+            _, idx = tree.query(Xo[rest], k=k)
+            idx = idx.reshape(rest.size, k)
+            pred = idx < rest[:, None]
+            done = (pred.sum(1) >= m) | (k >= e)  # k = e: every predecessor is among them (rest >= nb > m)
+            if done.any():
+                rows = np.flatnonzero(done)
+                sel = np.argsort(~pred[rows], axis=1, kind="stable")[:, :m]  # first m predecessors, nearest first
+                out[rest[rows]] = np.take_along_axis(idx[rows], sel, 1)
+            rest = rest[~done]
+            k = min(e, 4 * k)
+        s = e
     return out[start:]
