@@ -5,6 +5,8 @@
     python -m gpcore sample RUN_DIR --n 4 --seed 0 --out samples.tif
     python -m gpcore suggest RUN_DIR --k 10 --target undecided --threshold 35 --out picks.geojson
 
+A run fitted with time as an input is decided at one quarter: ``--at 2023Q4`` (default: its latest grid quarter).
+
 Errors are raised (:class:`gpcore.errors.GPCoreError`, naming the flags); :func:`gpcore.cli.main` prints them.
 """
 
@@ -21,6 +23,7 @@ def add_decision_commands(sub) -> None:
     """Add ``exceed``, ``areas``, ``sample`` and ``suggest`` to the CLI's subparsers."""
     p = sub.add_parser("exceed", help="P(below/above a threshold) per grid cell of a run")
     p.add_argument("run_dir")
+    _at_arg(p)
     _threshold_args(p, True)
     p.add_argument("--direction", default="below", choices=("below", "above"))
     p.add_argument("--out", help="output .parquet, .csv, .geojson or .tif (bands: P for f and for a new measurement)")
@@ -28,6 +31,7 @@ def add_decision_commands(sub) -> None:
 
     p = sub.add_parser("areas", help="posterior of the (weighted) mean over each area: counties, strata, polygons")
     p.add_argument("run_dir")
+    _at_arg(p)
     p.add_argument("--areas", default="counties",
                    help="counties (bundled, the run's state) | strata (the run's) | column:NAME | polygon FILE")
     p.add_argument("--name-column", help="area name column of a polygon FILE (default NAME/name)")
@@ -44,6 +48,7 @@ def add_decision_commands(sub) -> None:
 
     p = sub.add_parser("sample", help="joint posterior samples over a run's grid (plausible maps)")
     p.add_argument("run_dir")
+    _at_arg(p)
     p.add_argument("--n", type=int, default=4, help="number of samples")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--units", default="original", choices=("original", "model"))
@@ -52,6 +57,7 @@ def add_decision_commands(sub) -> None:
 
     p = sub.add_parser("suggest", help="where to measure next: k sites that most reduce the posterior variance")
     p.add_argument("run_dir")
+    _at_arg(p)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--target", default="all", help="all | undecided (needs --threshold) | stratum:NAME")
     _threshold_args(p, False)
@@ -63,15 +69,23 @@ def add_decision_commands(sub) -> None:
     p.set_defaults(func=cmd_suggest)
 
 
-def _decision_run(run_dir):
-    """The stored run (:class:`gpcore.run.decisions.StoredRun`), with a note when its joint posterior is weak."""
+def _at_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--at", help="a run with time as an input: decide at this quarter (2023Q4; default the run's "
+                                "latest grid quarter)")
+
+
+def _decision_run(run_dir, at: str | None = None):
+    """The stored run (:class:`gpcore.run.decisions.StoredRun`, at quarter ``at`` for a run with time as an input),
+    with a note when its joint posterior is weak."""
     from gpcore.decide import joint_caveat
     from gpcore.run.decisions import open_run
 
-    run = open_run(run_dir)
+    run = open_run(run_dir, at=at)
     note = joint_caveat(run.model)
     if note:
         print(f"note: {note}", file=sys.stderr)
+    if run.quarter:
+        print(f"at {run.quarter} (t = {run.t:g})", file=sys.stderr)
     return run
 
 
@@ -106,7 +120,7 @@ def cmd_exceed(args) -> int:
     from gpcore import decide
     from gpcore.run.decisions import exceedance_frame
 
-    run = _decision_run(args.run_dir)
+    run = _decision_run(args.run_dir, args.at)
     side = args.direction
     out, e = exceedance_frame(run, args.threshold, args.units, side)
     print(f"threshold {args.threshold:g} ({args.units} units; {e.threshold_model:.4f} in model space), "
@@ -141,7 +155,7 @@ def _flagged(fn, *a, **kw):
 def cmd_areas(args) -> int:
     from gpcore.run import decisions as dec
 
-    run = _decision_run(args.run_dir)
+    run = _decision_run(args.run_dir, args.at)
     if args.points:
         from gpcore import data as D
 
@@ -158,7 +172,7 @@ def cmd_areas(args) -> int:
         pts = D.read_measurements(args.measurements, allow_drop=True)
         meas = _flagged(dec.area_labels, pts, args.areas, where=f"'{args.measurements}'", **kw)[0]
     table = dec.area_table(run.model, places, labels, weights=weights, threshold=args.threshold, units=args.units,
-                           transform=run.transform, samples=args.samples, seed=args.seed, measurements=meas)
+                           transform=run.transform, samples=args.samples, seed=args.seed, measurements=meas, t=run.t)
     cols = [c for c in ("area", "cells", "measurements", "mean", "lower", "upper", "p_below", "mean_arith")
             if c in table.columns]
     print(table[cols].head(args.show).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -173,9 +187,9 @@ def cmd_sample(args) -> int:
 
     if args.n < 1:
         raise GPCoreError(f"--n {args.n}: ask for at least one sample")
-    run = _decision_run(args.run_dir)
+    run = _decision_run(args.run_dir, args.at)
     grid = run.grid
-    S = samples(run.model, grid, args.n, seed=args.seed, units=args.units, transform=run.transform)
+    S = samples(run.model, grid, args.n, seed=args.seed, units=args.units, transform=run.transform, t=run.t)
     cols = [f"sample_{i + 1}" for i in range(args.n)]
     path = Path(args.out)
     _out_format(path, ("csv", "parquet", "geojson", "geotiff"))
@@ -194,16 +208,16 @@ def cmd_suggest(args) -> int:
 
     if args.target == "undecided" and args.threshold is None:
         raise GPCoreError("--target undecided needs --threshold (cells with 0.2 < P(below) < 0.8)")
-    run = _decision_run(args.run_dir)
+    run = _decision_run(args.run_dir, args.at)
     mask = _flagged(dec.target_mask, run.model, run.grid, args.target, threshold=args.threshold, units=args.units,
-                    transform=run.transform, strata=run.strata, state=run.state, require=True)
+                    transform=run.transform, strata=run.strata, state=run.state, require=True, t=run.t)
     cand = run.grid
     if args.candidates:
         from gpcore import data as D
 
         cand = D.read_measurements(args.candidates, allow_drop=True)
     res = dec.suggest(run.model, run.grid, mask, args.k, candidates=cand, min_km=args.min_km, engine=args.engine,
-                      seed=args.seed)
+                      seed=args.seed, t=run.t)
     picks = dec.picks_table(res, cand)
     print(f"{len(picks)} sites over {int(mask.sum())} target cells ({res.engine} engine); mean latent variance "
           f"{res.mean_var_before:.4g} -> {res.mean_var_after:.4g} (model units squared)")

@@ -4,6 +4,11 @@ The one implementation behind ``python -m gpcore exceed|areas|sample|suggest`` a
 Export pages. Everything reads the run's stored grid and model (nothing is retrained); the model-level math is
 :mod:`gpcore.decide` (docs/decide.md). Exceedance comes from the grid's stored marginals (``mean_t``, ``sd_t``:
 ``O(cells)``), areas and suggestions from the joint posterior.
+
+**Time.** For a run with time as an input (``RunConfig.time_input``: the model's inputs are ``lon, lat, t``) every
+function takes ``t``, the decimal year the places are evaluated at (:func:`place_inputs` appends it as the last
+column); :func:`open_run` reads the run at a quarter (``at``, default the run's latest grid quarter) and carries
+its ``t``. A spatial run takes ``t=None``. Method: docs/methods/spacetime.md.
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ from gpcore.run import rundir
 
 @dataclass
 class StoredRun:
-    """A run read back for decisions: validated manifest, model, grid (cells, predictions, layout), transform."""
+    """A run read back for decisions: validated manifest, model, grid (cells, predictions, layout), transform;
+    for a run with time as an input the quarter its grid's predictions are at and its decimal year ``t``."""
 
     path: Path
     manifest: dict
     model: object
     grid: object  # GeoDataFrame: cell_id, lon, lat, predictions, cell polygons; attrs["grid"] its GridSpec
     transform: object
+    quarter: str | None = None
+    t: float | None = None
 
     @property
     def state(self) -> str | None:
@@ -39,15 +47,49 @@ class StoredRun:
         return self.manifest["config"].get("strata")
 
 
-def open_run(run_dir, device: str | None = None) -> StoredRun:
-    """A stored run with its grid (:class:`GPCoreError` when it has none, or is not a run)."""
+def has_time_input(manifest_or_config: dict) -> bool:
+    """Whether a run (its manifest or config) was fitted with time as an input (``lon, lat, t``)."""
+    cfg = manifest_or_config.get("config", manifest_or_config)
+    return bool(cfg.get("time_input"))
+
+
+def place_inputs(places, t: float | None = None, d: int | None = None) -> np.ndarray:
+    """The model inputs of ``places`` (rows with ``lon``, ``lat``): ``(lon, lat)``, or with ``t`` (decimal years)
+    ``(lon, lat, t)`` for a run with time as an input. ``d``: the model's input count, to name a missing ``t``."""
+    X = places[["lon", "lat"]].to_numpy(float)
+    if t is None:
+        if d is not None and d == X.shape[1] + 1:
+            raise GPCoreError("this run takes time as an input (lon, lat, t): say at which quarter (--at 2023Q4)")
+        return X
+    return np.column_stack([X, np.full(len(X), float(t))])
+
+
+def open_run(run_dir, device: str | None = None, at: str | None = None) -> StoredRun:
+    """A stored run with its grid (:class:`GPCoreError` when it has none, or is not a run).
+
+    For a run with time as an input the grid's predictions are those at quarter ``at`` (``"2023Q4"``; default:
+    the run's latest grid quarter, ``grid.parquet``): its stored per-quarter grid, or, for a quarter the run has no
+    grid for (e.g. a forecast beyond its data), predicted now. ``at`` on a run without time input is an error."""
     from gpcore.data.transforms import get_transform
+    from gpcore.run.predict import run_time_at
     from gpcore.run.store import load_run
 
     manifest, model = load_run(run_dir, device=device)
-    grid = rundir.read_grid_frame(run_dir, manifest)
     transform = get_transform(manifest["config"].get("transform", "identity"))
-    return StoredRun(Path(run_dir), manifest, model, grid, transform)
+    if not has_time_input(manifest):
+        run_time_at(manifest["config"], at)  # --at on a spatial run: an error naming the flag
+        return StoredRun(Path(run_dir), manifest, model, rundir.read_grid_frame(run_dir, manifest), transform)
+    quarter = at or (manifest.get("time") or {}).get("grid_quarter")
+    t = run_time_at(manifest["config"], quarter) if quarter else None
+    stored = quarter in rundir.grid_quarters(run_dir)
+    grid = rundir.read_grid_frame(run_dir, manifest, quarter=quarter if stored else None)
+    if quarter and not stored:  # a quarter without a stored grid: predict the cells at it
+        from gpcore.run.predict import grid_predictions
+
+        preds = grid_predictions(model, grid, transform, t=t)
+        for col in preds.columns.drop(["cell_id", "lon", "lat"]):
+            grid[col] = preds[col].to_numpy()
+    return StoredRun(Path(run_dir), manifest, model, grid, transform, quarter, t)
 
 
 def run_grid(run_dir, rebuild: bool = False):
@@ -115,15 +157,17 @@ def stored_prediction(model, grid):
 
 
 def exceedance(model, grid, threshold: float, *, units: str = "model", transform="identity",
-               direction: str = "below") -> decide.Exceedance:
-    """P(f and y below/above the threshold) per grid cell, from the stored marginals when the grid has them."""
-    return decide.exceedance(model, grid[["lon", "lat"]].to_numpy(float), threshold, units=units,
+               direction: str = "below", t: float | None = None) -> decide.Exceedance:
+    """P(f and y below/above the threshold) per grid cell, from the stored marginals when the grid has them (for
+    a run with time as an input: the grid at the quarter of ``t``)."""
+    return decide.exceedance(model, place_inputs(grid, t, getattr(model, "d_", None)), threshold, units=units,
                              transform=transform, direction=direction, pred=stored_prediction(model, grid))
 
 
 def exceedance_frame(run: StoredRun, threshold: float, units: str, direction: str):
     """``(cells with p_<direction> and p_<direction>_y columns, Exceedance)`` for a stored run."""
-    e = exceedance(run.model, run.grid, threshold, units=units, transform=run.transform, direction=direction)
+    e = exceedance(run.model, run.grid, threshold, units=units, transform=run.transform, direction=direction,
+                   t=run.t)
     out = run.grid[["cell_id", "lon", "lat", "geometry"]].copy()
     out[f"p_{direction}"] = e.p_f
     out[f"p_{direction}_y"] = e.p_y
@@ -188,10 +232,11 @@ def area_weights(places, weights: str, cells=None) -> np.ndarray | None:
 
 
 def area_table(model, places, labels, *, weights=None, threshold: float | None = None, units: str = "model",
-               transform="identity", samples: int = 0, seed: int = 0, measurements=None) -> pd.DataFrame:
-    """Posterior of each area's weighted mean (:func:`gpcore.decide.area_posteriors`), ranked by P(area mean
-    below the threshold) when there is one."""
-    table = decide.area_posteriors(model, places[["lon", "lat"]].to_numpy(float), labels, weights=weights,
+               transform="identity", samples: int = 0, seed: int = 0, measurements=None,
+               t: float | None = None) -> pd.DataFrame:
+    """Posterior of each area's weighted mean (:func:`gpcore.decide.area_posteriors`) at the decimal year ``t``
+    (a run with time as an input), ranked by P(area mean below the threshold) when there is one."""
+    table = decide.area_posteriors(model, place_inputs(places, t, getattr(model, "d_", None)), labels, weights=weights,
                                    threshold=threshold, units=units, transform=transform, samples=samples,
                                    seed=seed, measurements=measurements)
     if threshold is not None:
@@ -214,17 +259,19 @@ def with_polygons(table: pd.DataFrame, polys):
 # --------------------------------------------------------------------------------------------
 
 
-def samples(model, grid, n: int, *, seed: int = 0, units: str = "model", transform="identity") -> np.ndarray:
-    """``n`` seeded joint posterior samples over the grid cells (``n x cells``), in model or original units."""
+def samples(model, grid, n: int, *, seed: int = 0, units: str = "model", transform="identity",
+            t: float | None = None) -> np.ndarray:
+    """``n`` seeded joint posterior samples over the grid cells (``n x cells``; at the decimal year ``t`` for a run
+    with time as an input), in model or original units."""
     from gpcore.data.transforms import get_transform
 
-    S = decide.plausible_maps(model, grid[["lon", "lat"]].to_numpy(float), n, seed=seed)
+    S = decide.plausible_maps(model, place_inputs(grid, t, getattr(model, "d_", None)), n, seed=seed)
     return get_transform(transform).inverse(S) if units == "original" else S
 
 
 def target_mask(model, grid, target: str, *, threshold: float | None = None, units: str = "model",
                 transform="identity", strata: str | None = None, state: str | None = None,
-                require: bool = False) -> np.ndarray:
+                require: bool = False, t: float | None = None) -> np.ndarray:
     """Which grid cells a suggestion targets: ``all``, ``undecided`` (0.2 < P(below threshold) < 0.8, from the
     stored marginals) or ``stratum:NAME`` (the cells of one of the run's strata). ``require``: an empty target
     set is an error naming why."""
@@ -234,7 +281,7 @@ def target_mask(model, grid, target: str, *, threshold: float | None = None, uni
     elif target == "undecided":
         if threshold is None:
             raise GPCoreError("target 'undecided' needs a threshold (cells with 0.2 < P(below) < 0.8)")
-        mask = decide.undecided_mask(exceedance(model, grid, threshold, units=units, transform=transform).p_f)
+        mask = decide.undecided_mask(exceedance(model, grid, threshold, units=units, transform=transform, t=t).p_f)
     elif target.startswith("stratum:"):
         if not strata:
             raise GPCoreError(f"target '{target}': this run has no strata; use all or undecided")
@@ -250,11 +297,12 @@ def target_mask(model, grid, target: str, *, threshold: float | None = None, uni
     return mask
 
 
-def suggest(model, grid, mask, k: int, *, candidates=None, **kwargs) -> decide.Suggestion:
+def suggest(model, grid, mask, k: int, *, candidates=None, t: float | None = None, **kwargs) -> decide.Suggestion:
     """Greedy picks among ``candidates`` (a frame with lon, lat; default the grid cells) that most reduce the
-    mean latent variance over the masked grid cells (:func:`gpcore.decide.suggest`)."""
-    X = grid[["lon", "lat"]].to_numpy(float)
-    Xc = X if candidates is None else candidates[["lon", "lat"]].to_numpy(float)
+    mean latent variance over the masked grid cells (:func:`gpcore.decide.suggest`); for a run with time as an
+    input, measurements and targets at the decimal year ``t``."""
+    X = place_inputs(grid, t, getattr(model, "d_", None))
+    Xc = X if candidates is None else place_inputs(candidates, t, getattr(model, "d_", None))
     return decide.suggest(model, Xc, X[mask], k=k, **kwargs)
 
 
