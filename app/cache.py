@@ -2,7 +2,10 @@
 
 Runs are immutable once written, so everything about a run is cached by ``(run path, stamp)``
 where the stamp says when the run was written (:func:`gpcore.run.rundir.stamp`). The bodies live in gpcore
-(:mod:`gpcore.run.rundir`, :mod:`gpcore.run.decisions`, :mod:`gpcore.run.dataset`); this module caches them.
+(:mod:`gpcore.run.rundir`, :mod:`gpcore.run.decisions`, :mod:`gpcore.run.dataset`); this module caches them
+(the Decide page's and the Change map's wrappers are in :mod:`app.decide_cache`). For a run with time as an input
+the grid-valued wrappers take ``quarter``: :func:`st_run_data` then holds the grid at that quarter
+(``grids/<quarter>.parquet``; the cells are the same at every quarter, only the predictions differ).
 Heavy objects (frames, models, kernel features, raster indices) use ``st.cache_resource`` and are treated as
 read-only; rendered strings and small tables use ``st.cache_data``.
 
@@ -221,6 +224,22 @@ class RunData:
     _tree: object
     bounds: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 1.0)
     """``(W, S, E, N)`` of the grid's cells in degrees."""
+    quarter: str | None = None
+    """A run with time as an input: the quarter of ``grid``'s predictions (None for a spatial run)."""
+
+    @property
+    def quarters(self) -> list[str]:
+        """The quarters a run with time as an input has grids for, in time order ([] for a spatial run)."""
+        if not self.config.get("time_input"):
+            return []
+        return list((self.manifest.get("time") or {}).get("grid_quarters") or [])
+
+    @property
+    def t(self) -> float | None:
+        """The decimal year of :attr:`quarter` (the model's last input), or None for a spatial run."""
+        from gpcore.data.temporal import parse_quarter
+
+        return parse_quarter(self.quarter) if self.quarter and self.config.get("time_input") else None
 
     @property
     def config(self) -> dict:
@@ -285,13 +304,21 @@ def runs_with_grid(runs) -> list:
     return [r for r in runs if has_grid(r.path)]
 
 
-@st.cache_resource(show_spinner="Loading the run ...", max_entries=8)
-def st_run_data(path: str, stamp: float) -> RunData:
+@st.cache_resource(show_spinner="Loading the run ...", max_entries=32)
+def st_run_data(path: str, stamp: float, quarter: str | None = None) -> RunData:
+    """A run's manifest and grid; for a run with time as an input its grid at ``quarter`` (default its latest)."""
+    from dataclasses import replace
+
     from scipy.spatial import cKDTree
 
     from gpcore import data as D
     from gpcore.run import rundir
 
+    if quarter is not None:  # the same cells (lookup helpers shared) with that quarter's predictions
+        base = st_run_data(path, stamp)
+        if quarter == base.quarter or not base.quarters:
+            return base
+        return replace(base, grid=rundir.read_grid(path, quarter), quarter=quarter)
     p = Path(path)
     manifest = rundir.read_manifest(p)
     grid = rundir.read_grid(p)
@@ -307,7 +334,8 @@ def st_run_data(path: str, stamp: float) -> RunData:
         tree = cKDTree(np.column_stack([grid["lon"].to_numpy() * c, grid["lat"].to_numpy()]))
         lon, lat = grid["lon"].to_numpy(), grid["lat"].to_numpy()
         bounds = (float(lon.min() - hw), float(lat.min() - hh), float(lon.max() + hw), float(lat.max() + hh))
-    return RunData(p.name, p, manifest, grid, tr, units_of(cfg.get("y", "")), hw, hh, tree, bounds)
+    latest = (manifest.get("time") or {}).get("grid_quarter") if cfg.get("time_input") else None
+    return RunData(p.name, p, manifest, grid, tr, units_of(cfg.get("y", "")), hw, hh, tree, bounds, latest)
 
 
 def get_run(run_id: str | None):
@@ -337,10 +365,14 @@ def st_model(path: str, stamp: float):
 
 
 @st.cache_resource(show_spinner="Caching the grid's kernel features ...", max_entries=4)
-def st_kernel(path: str, stamp: float) -> KernelCache:
+def st_kernel(path: str, stamp: float, t: float | None = None) -> KernelCache:
+    """The grid's kernel pieces; for a run with time as an input the grid cells at the decimal year ``t``
+    (a slice is then ``k((x, t), (x_ref, t_ref))``: pass ``x_ref`` with its ``t_ref``)."""
     run = st_run_data(path, stamp)
     model = st_model(path, stamp)
     Xg = run.grid[["lon", "lat"]].to_numpy(dtype=np.float64)
+    if t is not None:
+        Xg = np.column_stack([Xg, np.full(len(Xg), float(t))])
     return KernelCache(model.kernel_slicer(Xg), Xg, model)
 
 
@@ -354,24 +386,26 @@ def st_raster(path: str, stamp: float) -> R.RasterIndex:
     )
 
 
-@st.cache_resource(show_spinner="Preparing the map cells ...", max_entries=8)
-def st_grid_lookup(path: str, stamp: float) -> dict:
-    """Tooltip and click lookup of a run's grid for :func:`app.gridmap.grid_map` (made once per run)."""
+@st.cache_resource(show_spinner="Preparing the map cells ...", max_entries=16)
+def st_grid_lookup(path: str, stamp: float, quarter: str | None = None) -> dict:
+    """Tooltip and click lookup of a run's grid (at ``quarter``) for :func:`app.gridmap.grid_map` (made once)."""
     from app import gridmap
 
-    run = st_run_data(path, stamp)
+    run = st_run_data(path, stamp, quarter)
     g = run.grid
     values = {k: g[c].to_numpy() for k, c in (("m", "mean"), ("lo", "lower"), ("hi", "upper"), ("w", "width"),
                                                 ("wt", "width_t"))}
     return gridmap.lookup(st_raster(path, stamp), g["cell_id"].to_numpy(), values, run.units, run.t_units,
-                          key=f"{path}:{stamp}")
+                          key=f"{path}:{stamp}" + (f":{quarter}" if quarter else ""))
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def st_grid_image(path: str, stamp: float, column: str, scale_name: str, lo: float, hi: float) -> str:
-    """Data URL of one grid column coloured on ``[lo, hi]`` (cached: switching maps recomputes nothing)."""
+@st.cache_data(show_spinner=False, max_entries=64)
+def st_grid_image(path: str, stamp: float, column: str, scale_name: str, lo: float, hi: float,
+                  quarter: str | None = None) -> str:
+    """Data URL of one grid column (at ``quarter``) coloured on ``[lo, hi]`` (cached: switching maps or quarters
+    back recomputes nothing)."""
     scale = ColorScale(scale_name, lo, hi)
-    run = st_run_data(path, stamp)
+    run = st_run_data(path, stamp, quarter)
     values = run.grid[column].to_numpy(dtype=float)
     return R.data_url(R.palette_png(scale.index(values), st_raster(path, stamp), scale.name))
 
@@ -420,77 +454,3 @@ def manifest_bytes(path: str) -> bytes:
 
     return read_bytes(path)
 
-
-# ---------------------------------------------------------------------------------------------
-# Decide page (gpcore.decide over a run's stored grid; nothing is retrained)
-# ---------------------------------------------------------------------------------------------
-
-
-@st.cache_resource(show_spinner=False, max_entries=4)
-def st_run_cells(path: str, stamp: float):
-    """The run's grid with its cell polygons (``gpcore.run.rundir.read_grid_frame``), for areas and exports."""
-    from gpcore.run.rundir import read_grid_frame
-
-    return read_grid_frame(path)
-
-
-@st.cache_data(show_spinner=False, max_entries=16)
-def st_exceedance(path: str, stamp: float, threshold: float, units: str, direction: str) -> np.ndarray:
-    """P(f below/above the threshold) per grid cell from the run's stored marginals (``O(cells)``)."""
-    from gpcore.run import decisions
-
-    run = st_run_data(path, stamp)
-    return decisions.exceedance(st_model(path, stamp), run.grid, threshold, units=units, transform=run.transform,
-                                direction=direction).p_f
-
-
-@st.cache_data(show_spinner="Assigning cells to areas ...", max_entries=8)
-def st_area_labels(path: str, stamp: float, source: str) -> np.ndarray:
-    """The area of each grid cell: ``counties`` (bundled, the run's state) or ``strata`` (the run's strata)."""
-    from gpcore.run import decisions
-
-    run = st_run_data(path, stamp)
-    return decisions.area_labels(run.grid, source, state=run.manifest.get("data", {}).get("state"),
-                                 strata=run.config.get("strata"))[0]
-
-
-@st.cache_data(show_spinner=False, max_entries=16)
-def st_joint_unavailable(path: str, stamp: float) -> str | None:
-    """Why the run's model has no joint posterior, or None when it has one (every registered model has one)."""
-    from gpcore.posterior import joint_unavailable
-
-    return joint_unavailable(st_model(path, stamp))
-
-
-@st.cache_data(show_spinner="Computing the areas' posteriors ...", max_entries=8)
-def st_areas(path: str, stamp: float, source: str, weights: str, threshold: float, units: str,
-             samples: int = 0) -> pd.DataFrame:
-    """Posterior of each area's weighted mean, ranked by P(area mean below the threshold)."""
-    from gpcore.run import decisions
-
-    run = st_run_data(path, stamp)
-    w = decisions.area_weights(run.grid, weights, cells=st_run_cells(path, stamp) if weights == "area" else None)
-    return decisions.area_table(st_model(path, stamp), run.grid, st_area_labels(path, stamp, source), weights=w,
-                                threshold=threshold, units=units, transform=run.transform, samples=samples)
-
-
-@st.cache_data(show_spinner="Drawing joint samples ...", max_entries=8)
-def st_samples(path: str, stamp: float, seed: int, n: int = 4) -> np.ndarray:
-    """``n`` joint posterior samples over the grid (model space), seeded."""
-    from gpcore.run import decisions
-
-    return decisions.samples(st_model(path, stamp), st_run_data(path, stamp).grid, n, seed=seed)
-
-
-@st.cache_resource(show_spinner="Choosing where to measure next ...", max_entries=8)
-def st_suggest(path: str, stamp: float, k: int, target: str, threshold: float, units: str, min_km: float):
-    """Greedy suggestions over the grid cells (``gpcore.run.decisions.suggest``) and the target mask used."""
-    from gpcore.run import decisions
-
-    run = st_run_data(path, stamp)
-    model = st_model(path, stamp)
-    mask = decisions.target_mask(model, run.grid, target, threshold=threshold, units=units, transform=run.transform,
-                                 strata=run.config.get("strata"), state=run.manifest.get("data", {}).get("state"))
-    if not mask.any():
-        return None, mask
-    return decisions.suggest(model, run.grid, mask, k, min_km=min_km), mask

@@ -30,6 +30,12 @@ SCALES = {
     "puor": "PuOr_r",
 }
 N_COLORS = 255  # palette indices 1..255; 0 = transparent
+#: The Change map's palette: the diverging ``rdbu`` on indices 1..254 and :data:`NEUTRAL` at 255 (sign uncertain).
+CHANGE = "change"
+NEUTRAL = (180, 180, 180)
+#: A cell's change has an uncertain sign when UNCERTAIN[0] < P(change > 0) < UNCERTAIN[1] (the central 80 % interval
+#: of the change holds 0): such cells are drawn in :data:`NEUTRAL`, whatever their posterior mean.
+UNCERTAIN = (0.1, 0.9)
 
 
 @lru_cache(maxsize=32)
@@ -37,6 +43,10 @@ def lut(name: str) -> np.ndarray:
     """``(256, 3)`` uint8 RGB table; row 0 is unused (transparent), rows 1..255 span the scale."""
     import plotly.colors as pc
 
+    if name == CHANGE:
+        out = lut("rdbu").copy()
+        out[N_COLORS] = NEUTRAL
+        return out
     try:
         plotly_name = SCALES[name]
     except KeyError:
@@ -137,3 +147,30 @@ def legend_html(scale: ColorScale, title: str, n_ticks: int = 5) -> str:
         f'<div style="height:12px;border-radius:2px;background:{scale.css_gradient()};"></div>'
         f'<div style="position:relative;height:1.2em;margin-top:2px;">{ticks}</div></div>'
     )
+
+
+def sign_uncertain(p_increase: np.ndarray, band: tuple[float, float] = UNCERTAIN) -> np.ndarray:
+    """Cells whose change has an uncertain sign: ``band[0] < P(change > 0) < band[1]``."""
+    p = np.asarray(p_increase, dtype=float)
+    return (p > band[0]) & (p < band[1])
+
+
+def change_index(mean: np.ndarray, p_increase: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Palette indices of the Change map (palette :data:`CHANGE`): the change's mean on ``rdbu`` over ``[lo, hi]``
+    (indices 1..254), :data:`NEUTRAL` (255) where the sign is uncertain (:func:`sign_uncertain`), 0 for NaN."""
+    idx = ColorScale("rdbu", lo, hi).index(mean)
+    idx = np.where(idx > 0, np.minimum(idx, N_COLORS - 1), 0)
+    return np.where(sign_uncertain(p_increase) & (idx > 0), N_COLORS, idx).astype(np.uint8)
+
+
+def change_legend_html(scale: ColorScale, title: str, band: tuple[float, float] = UNCERTAIN) -> str:
+    """The Change map's legend: the diverging colour bar of the change (``scale``) and a neutral, hatched swatch
+    for the cells whose sign is uncertain."""
+    r, g, b = NEUTRAL
+    swatch = (f"background:repeating-linear-gradient(45deg, rgb({r},{g},{b}) 0 4px, rgb({r - 25},{g - 25},{b - 25}) "
+              "4px 6px)")
+    entry = (f'<div class="ua-legend-neutral" style="display:flex;align-items:center;gap:6px;margin-top:2px;">'
+             f'<span style="display:inline-block;width:28px;height:12px;border-radius:2px;{swatch};"></span>'
+             f"<span>sign uncertain: {band[0]:g} &lt; P(improved) &lt; {band[1]:g} (grey on the map)</span></div>")
+    bar = legend_html(scale, title)
+    return bar[: -len("</div>")] + entry + "</div>"

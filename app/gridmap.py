@@ -43,12 +43,15 @@ def _b64(a: np.ndarray, dtype) -> str:
     return base64.b64encode(np.ascontiguousarray(a, dtype=dtype).tobytes()).decode("ascii")
 
 
-def lookup(raster: R.RasterIndex, cell_ids, values: dict[str, np.ndarray], units: str, t_units: str, key: str) -> dict:
+def lookup(raster: R.RasterIndex, cell_ids, values: dict[str, np.ndarray], units: str, t_units: str, key: str,
+           kind: str = "grid") -> dict:
     """What the browser needs for tooltips and clicks: the index PNG, cell ids and float32 values.
 
-    ``values`` has ``m, lo, hi, w`` (original units) and ``wt`` (model space), one per grid row.
+    ``values`` has ``m, lo, hi, w`` (original units) and ``wt`` (model space), one per grid row. ``kind="change"``
+    (the Change map): ``m, lo, hi`` are the change's mean and interval and ``p`` is P(change > 0), in ``units``.
     """
     return {
+        "kind": kind,
         "key": key,
         "index_png": index_png(raster),
         "w": int(raster.width),

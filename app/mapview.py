@@ -21,25 +21,39 @@ def inverse_label(transform) -> callable:
 def grid_scale(run: cache.RunData, kind: str, scale_name: str, width_units: str = "model",
                limits: tuple[float, float] | None = None) -> tuple[str, ColorScale, str]:
     """``(column, scale, legend title)`` of the mean or width map of a run."""
-    g = run.grid
     if kind == "mean":
         col = "mean_t"
-        lo, hi = limits or robust_limits(g[col].to_numpy())
+        lo, hi = limits or _limits(run, col)
         label = inverse_label(run.transform)
-        title = f"Posterior mean of {run.target} ({run.units or 'original units'})"
+        title = f"Posterior mean of {run.target}{at_quarter(run)} ({run.units or 'original units'})"
         if run.transform.name != "identity":
             title += f"; colours even in {run.transform.name}"
         return col, ColorScale(scale_name, lo, hi, label=label), title
     col = "width_t" if width_units == "model" or run.transform.name == "identity" else "width"
-    lo, hi = limits or robust_limits(g[col].to_numpy())
+    lo, hi = limits or _limits(run, col)
     units = run.t_units if col == "width_t" else run.units
-    title = f"95% prediction-interval width ({units or 'target units'})"
+    title = f"95% prediction-interval width{at_quarter(run)} ({units or 'target units'})"
     weights = run.manifest.get("weights")
     if weights:  # a weighted run's interval depends on how many measurements a value averages
         title += f", for a value from {weights.get('grid_measurements', 1)} measurement ({weights.get('column')} = 1)"
     if run.manifest.get("recalibration"):
         title += "; recalibrated (global scale)"
     return col, ColorScale(scale_name, lo, hi), title
+
+
+def at_quarter(run: cache.RunData) -> str:
+    """`` at 2023Q4`` for a run with time as an input (its maps' quarter), else ""."""
+    return f" at {run.quarter}" if run.quarter and run.quarters else ""
+
+
+def _limits(run: cache.RunData, col: str) -> tuple[float, float]:
+    """Colour limits of a grid column: over every quarter for a run with time as an input (one scale for the whole
+    slider), else over the grid."""
+    if run.quarters:
+        from app import decide_cache
+
+        return decide_cache.st_quarter_limits(*cache.run_key(run), col)
+    return robust_limits(run.grid[col].to_numpy())
 
 
 def outline_layers(region_json: str | None, strata: list[tuple[str, str, tuple]] | None) -> list[dict]:
@@ -63,11 +77,12 @@ def outline_specs(region_json: str | None, strata: list[tuple[str, str, tuple]] 
 
 def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, widget_key: str, clickable: bool,
               outlines: list[dict], xref=None, basemap: bool = False, width_px: int = 560, on_change=None,
-              labels: list[dict] | None = None, hint: str | None = None):
+              labels: list[dict] | None = None, hint: str | None = None, lookup: dict | None = None):
     """A grid map (colour bitmap, outlines, x_ref marker) as the grid-map component; returns its last click.
 
-    ``clickable`` maps carry the cell lookup: hover tooltips (cell id, mean, interval, width) and a click
-    anywhere on a cell returns that cell, however many cells the grid has.
+    ``clickable`` maps carry the cell lookup: hover tooltips (cell id, mean, interval, width; at ``run.quarter``
+    for a run with time as an input, or ``lookup``'s values) and a click anywhere on a cell returns that cell,
+    however many cells the grid has.
     """
     from app import gridmap
 
@@ -76,7 +91,8 @@ def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, wid
     view = L.view_for_bounds(run.bounds, width_px=width_px, height_px=height)
     return gridmap.grid_map(
         image=image_url, bounds=raster.bounds, view=view, height=height, outlines=outlines, key=widget_key,
-        view_key=f"{run.run_id}:{width_px}", marker=xref, lookup=cache.st_grid_lookup(*key) if clickable else None,
+        view_key=f"{run.run_id}:{width_px}", marker=xref,
+        lookup=(lookup or cache.st_grid_lookup(*key, quarter=run.quarter)) if clickable else None,
         basemap=basemap, clickable=clickable, on_change=on_change,
         hint=hint if hint is not None else ("Click a cell to set x_ref" if clickable else ""), labels=labels,
     )
@@ -114,11 +130,13 @@ def measurement_scale(data: cache.LoadedData, scale_name: str) -> tuple[ColorSca
     return ColorScale(scale_name, lo, hi, label=inverse_label(tr)), title
 
 
-def slice_scale(values: np.ndarray, mode: str) -> ColorScale:
-    """Sequential colours when the slice is (nearly) non-negative, else diverging around 0."""
+def slice_scale(values: np.ndarray, mode: str, top: float | None = None) -> ColorScale:
+    """Sequential colours when the slice is (nearly) non-negative, else diverging around 0. ``top``: the kernel
+    mode's upper limit (default the largest ``|k|``; a time run's slice at another quarter passes ``k(x_ref, x_ref)``
+    so that its decay in time shows)."""
     v = values[np.isfinite(values)]
     m = float(np.max(np.abs(v))) if v.size else 1.0
-    m = m or 1.0
+    m = top if top else (m or 1.0)
     lo_q = float(np.quantile(v, 0.01)) if v.size else 0.0
     if lo_q < -0.05 * m:
         top = 1.0 if mode != "kernel" else m
@@ -144,4 +162,4 @@ def threshold_of(run: cache.RunData, threshold: float | None) -> float:
 
 
 def exceed_title(run: cache.RunData, t: float, direction: str = "below") -> str:
-    return f"P({run.target} {direction} {format_number(t)} {run.units})".replace(" )", ")")
+    return f"P({run.target} {direction} {format_number(t)} {run.units})".replace(" )", ")") + at_quarter(run)

@@ -8,7 +8,9 @@ names and values outside a field's choices are errors) and draw every control bo
 
 The URL mirrors the data set (``data``, ``quarter``, ``y``, ``transform``, ``strata``, ``lon``, ``lat``,
 ``weight``, ``time``: :class:`DatasetSpec`), the active run and the second run (``run``, ``run2``), the
-kernel-slice reference point (``xref=lon,lat``) and the map kind (``map=mean|width|data|exceed``).
+kernel-slice reference point (``xref=lon,lat``), the map kind (``map=mean|width|data|exceed|change``) and, for a
+run with time as an input, the quarter of the maps and of Decide (``at=2023Q4``) and the Change map's quarters
+(``from``, ``to``).
 :func:`init_session` reads the URL once per session; :func:`sync_query` writes the state back after
 every run, so a copied URL reopens the same view.
 """
@@ -25,7 +27,7 @@ from app.uploads import is_reference, resolve_upload
 from gpcore.errors import GPCoreError
 
 DEFAULT_SAMPLE = "puerto_rico"
-MAP_KINDS = ("mean", "width", "data", "exceed")
+MAP_KINDS = ("mean", "width", "data", "exceed", "change")  # change: runs with time as an input only
 SAMPLE_PREFIX = "sample:"
 
 
@@ -199,6 +201,14 @@ def format_xref(xref) -> str:
     return f"{xref[0]:.5f},{xref[1]:.5f}"
 
 
+def parse_quarter_label(text: str | None) -> str | None:
+    """``"2023Q4"`` as written in a link (None when it is not a quarter label)."""
+    import re
+
+    text = str(text or "").strip().upper()
+    return text if re.fullmatch(r"\d{4}Q[1-4]", text) else None
+
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +238,12 @@ class ViewState:
     run2: str | None = _key(widget="w_maps_run2", query="run2")  # Maps: the second run side by side
     xref: tuple[float, float] | None = _key(query="xref")  # Maps: the kernel-slice reference point
     map: str = _key("mean", widget="w_map_kind", query="map", choices=MAP_KINDS)
+    # a run with time as an input: the quarter every map and the Decide page show (the slider), and the Change
+    # map's quarters; None until a time run is shown (then its latest quarter, or the first for change_from)
+    at: str | None = _key(widget="w_quarter", query="at")
+    change_from: str | None = _key(widget="w_change_from", query="from")
+    change_to: str | None = _key(widget="w_change_to", query="to")
+    slice_at: str = _key("", widget="w_slice_at")  # the quarter the kernel slice is shown at ("" = the slider's)
     # Maps controls
     scale: str = _key("viridis", widget="w_scale")
     slice_mode: str = _key("kernel", widget="w_slice_mode", choices=("kernel", "correlation", "max"))
@@ -354,7 +370,8 @@ def control(widget, label: str, *args, name: str, valid=None, **kwargs):
 # ---------------------------------------------------------------------------------------------
 
 #: URL codecs of the fields that are not plain strings: ``(parse, format)``.
-_CODECS = {"xref": (parse_xref, format_xref)}
+_CODECS = {"xref": (parse_xref, format_xref), "at": (parse_quarter_label, str),
+           "change_from": (parse_quarter_label, str), "change_to": (parse_quarter_label, str)}
 
 
 def init_session() -> None:

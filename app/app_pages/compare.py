@@ -3,7 +3,8 @@
 Runs are compared within one test-split kind: a random 8:1:1 split (test rows between training rows) or
 spatial blocks (whole squares held out: test rows inside gaps). When the data set has runs of both kinds a
 "Test split" control picks the kind and a table sets each model's random and block results side by side;
-when it has one kind the page says so and shows the command that makes the other.
+when it has one kind the page says so and shows the command that makes the other. Runs with time as an input
+tested on later quarters (``--split forecast --test-period``) are a third kind, "Forecast (<test period>)".
 """
 
 from __future__ import annotations
@@ -43,19 +44,38 @@ def pick_runs(runs, data_hash: str) -> tuple[list, str]:
 
 
 def split_key(info) -> str:
-    """A run's test-split kind: ``"random"``, or ``"block:<km>"`` for spatial blocks of that size."""
+    """A run's test-split kind: ``"random"``, ``"block:<km>"`` for spatial blocks of that size, or
+    ``"forecast:<test period>"`` for a run tested on later quarters."""
     cfg = info.manifest.get("config", {})
+    if cfg.get("split") == "forecast":
+        return f"forecast:{cfg.get('test_period') or '?'}"
     if cfg.get("split") != "block":
         return "random"
     return f"block:{float(cfg.get('block_km', 10.0)):g}"
 
 
+def split_order(kind: str) -> tuple:
+    """Random first, then spatial blocks by size, then forecasts by test period."""
+    if kind == "random":
+        return (0, 0.0, "")
+    if kind.startswith("forecast:"):
+        return (2, 0.0, kind)
+    return (1, float(kind.split(":", 1)[1]), "")
+
+
 def split_name(kind: str) -> str:
-    """``"Random"`` or ``"Spatial blocks (10 km)"``: the control's option and the tables' ``split`` column."""
+    """``"Random"``, ``"Spatial blocks (10 km)"`` or ``"Forecast (2023Q1:2023Q4)"``: the control's option and the
+    tables' ``split`` column."""
+    if kind.startswith("forecast:"):
+        return f"Forecast ({kind.split(':', 1)[1]})"
     return "Random" if kind == "random" else f"Spatial blocks ({kind.split(':', 1)[1]} km)"
 
 
 def split_caption(kind: str) -> str:
+    if kind.startswith("forecast:"):
+        period = kind.split(":", 1)[1]
+        return (f"Test split: **forecast** — trained on the quarters before {period} and tested on {period} (time is "
+                "an input of these runs), so this measures the intervals *ahead in time*.")
     if kind == "random":
         return ("Test split: **random** 8:1:1 — test rows lie between training rows, so this measures the intervals "
                 "*between* measurements.")
@@ -66,18 +86,17 @@ def split_caption(kind: str) -> str:
 
 def pick_split(pool) -> str:
     """The "Test split" control when ``pool`` has runs of several split kinds (else a note on making the other)."""
-    kinds = sorted({split_key(r) for r in pool}, key=lambda k: (k != "random", float(k.split(":")[1]) if ":" in k
-                                                                 else 0.0))
+    kinds = sorted({split_key(r) for r in pool}, key=split_order)
     if len(kinds) > 1:
         if state.view().cmp_split not in kinds:
             state.update(cmp_split=kinds[0])
         return state.control(st.segmented_control, "Test split", kinds, format_func=split_name, name="cmp_split",
                              valid=kinds.__contains__,
                              help="Random: test rows between training rows. Spatial blocks: whole squares held out, "
-                                  "so test rows lie inside gaps. A model calibrated only between measurements is "
-                                  "not calibrated.")
+                                  "so test rows lie inside gaps. Forecast: later quarters held out. A model "
+                                  "calibrated only between measurements is not calibrated.")
     kind = kinds[0]
-    other = "block" if kind == "random" else "random"
+    other = "block" if kind == "random" else "random"  # a forecast's neighbour: the same runs on a random split
     newest = pool[0]
     cfg = {**newest.manifest.get("config", {}), "split": other, "block_km": 10.0}
     from gpcore.run.config import fit_command
@@ -100,6 +119,8 @@ def split_summary_table(runs) -> pd.DataFrame:
     for r in runs:
         cfg = r.manifest.get("config", {})
         overall = next((m for m in r.manifest.get("metrics", []) if m.get("group") == "all"), None)
+        if cfg.get("split") == "forecast":  # not a random-vs-blocks pair
+            continue
         if overall is None or overall.get("nll") is None or overall.get("coverage") is None:
             continue
         block = cfg.get("split") == "block"

@@ -9,6 +9,9 @@ Everything comes from :mod:`gpcore.decide` over the run's stored grid and model 
 * four plausible maps (joint samples) on one colour scale, re-drawable with another seed;
 * where to measure next: ``k`` numbered sites with their expected variance reduction and the map of the
   latent variance after those measurements; CSV / GeoJSON export.
+
+A run with time as an input is decided at one quarter: the Maps page's quarter slider (view state ``at``) is drawn
+here too, and every section evaluates the model at that quarter's decimal year (``gpcore.run.decisions``'s ``t``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import cache, gridmap, mapview, state
+from app import cache, decide_cache, gridmap, mapview, state, timeview
 from app.colors import ColorScale, format_number, legend_html, robust_limits
 from app.safe_html import md_text
 from gpcore.data.export import spreadsheet_safe
@@ -86,7 +89,7 @@ def threshold_controls(run) -> tuple[float, str, str]:
 
 def exceedance_section(run, key, t, units, direction) -> np.ndarray:
     st.subheader(mapview.exceed_title(run, t, direction))
-    p = cache.st_exceedance(*key, t, units, direction)
+    p = decide_cache.st_exceedance(*key, t, units, direction, run.quarter)
     scale = ColorScale("rdbu", 0.0, 1.0)
     draw(run, key, p, scale, f"P(f {direction} threshold): 0.5 in the middle", f"exceed_{run.run_id}")
     n = len(p)
@@ -96,7 +99,7 @@ def exceedance_section(run, key, t, units, direction) -> np.ndarray:
 
 
 def areas_section(run, key, t, units) -> None:
-    st.subheader("Areas")
+    st.subheader("Areas" + mapview.at_quarter(run))
     c = st.columns([2, 2, 3])
     has_strata = bool(run.config.get("strata"))
     sources = ["counties"] + (["strata"] if has_strata else [])
@@ -107,8 +110,8 @@ def areas_section(run, key, t, units) -> None:
         weights = state.control(st.radio, "Weights", ["uniform", "area"], horizontal=True, name="area_weights",
                            help="How cells count in an area's mean: equally, or by their area in km².")
     try:
-        table = cache.st_areas(*key, source, weights, t, units)
-        labels = cache.st_area_labels(*key, source)
+        table = decide_cache.st_areas(*key, source, weights, t, units, quarter=run.quarter)
+        labels = decide_cache.st_area_labels(*key, source)
     except GPCoreError as exc:
         st.warning(str(exc))
         return
@@ -159,8 +162,9 @@ def areas_geojson(run, table: pd.DataFrame, source: str) -> str:
         polys = decide.bundled_counties(run.manifest.get("data", {}).get("state"))[["NAME", "geometry"]]
         polys = polys.rename(columns={"NAME": "area"}).drop_duplicates("area")
     else:
-        cells = cache.st_run_cells(*cache.run_key(run))
-        lab = pd.Series(cache.st_area_labels(*cache.run_key(run), source), index=run.grid["cell_id"].to_numpy())
+        cells = decide_cache.st_run_cells(*cache.run_key(run))
+        lab = pd.Series(decide_cache.st_area_labels(*cache.run_key(run), source),
+                        index=run.grid["cell_id"].to_numpy())
         cells = cells.assign(area=lab.reindex(cells["cell_id"].to_numpy()).to_numpy())
         polys = cells.dissolve(by="area").reset_index()[["area", "geometry"]]
     gdf = gpd.GeoDataFrame(table.merge(polys, on="area", how="left"), geometry="geometry", crs=4326)
@@ -168,7 +172,7 @@ def areas_geojson(run, table: pd.DataFrame, source: str) -> str:
 
 
 def samples_section(run, key) -> None:
-    st.subheader("Plausible maps")
+    st.subheader("Plausible maps" + mapview.at_quarter(run))
     c = st.columns([2, 2, 5])
     with c[0]:
         seed = state.control(st.number_input, "Seed", min_value=0, step=1, name="sample_seed")
@@ -177,7 +181,7 @@ def samples_section(run, key) -> None:
     with c[2]:
         st.caption("Four joint posterior samples: each is a map the model finds plausible as a whole. "
                    "Where they differ, the data do not pin the map down.")
-    S = cache.st_samples(*key, int(seed))
+    S = decide_cache.st_samples(*key, int(seed), quarter=run.quarter)
     lo, hi = robust_limits(S.ravel())
     label = mapview.inverse_label(run.transform)
     scale = ColorScale("viridis", lo, hi, label=label)
@@ -191,10 +195,10 @@ def samples_section(run, key) -> None:
 
 
 def suggest_section(run, key, t, units) -> None:
-    st.subheader("Where to measure next")
+    st.subheader("Where to measure next" + mapview.at_quarter(run))
     targets = dict(TARGETS)
     if run.config.get("strata"):
-        for name in sorted({str(v) for v in cache.st_area_labels(*key, "strata") if v is not None}):
+        for name in sorted({str(v) for v in decide_cache.st_area_labels(*key, "strata") if v is not None}):
             targets[f"stratum:{name}"] = f"stratum {name}"
     c = st.columns([2, 3, 2, 2])
     with c[0]:
@@ -213,7 +217,7 @@ def suggest_section(run, key, t, units) -> None:
     k, target, min_km = req
     if target not in targets:
         target = "all"
-    res, mask = cache.st_suggest(*key, k, target, t, units, min_km)
+    res, mask = decide_cache.st_suggest(*key, k, target, t, units, min_km, quarter=run.quarter)
     if res is None:
         st.warning("No cell is in that target set at this threshold; choose another target.")
         return
@@ -273,11 +277,15 @@ def render(data: cache.LoadedData, runs: list) -> None:
         title = cache.run_titles([info])[info.run_id]
         st.caption(f"The active run has no prediction grid: showing {md_text(title)}.")
     key = cache.run_key(info)
-    run = cache.st_run_data(*key)
-    st.caption(f"model `{run.model}` · {len(run.grid):,} grid cells · from the run's stored grid and model")
+    quarters = timeview.run_quarters(info.manifest)
+    if quarters:  # a run with time as an input: decide at the slider's quarter (shared with the Maps page)
+        timeview.quarter_slider(quarters)
+    run = cache.st_run_data(*key, timeview.quarter_of(info, state.view().at))
+    at = f" · at {run.quarter} (time is an input of this run)" if quarters else ""
+    st.caption(f"model `{run.model}` · {len(run.grid):,} grid cells · from the run's stored grid and model{at}")
     t, units, direction = threshold_controls(run)
     exceedance_section(run, key, t, units, direction)
-    reason = cache.st_joint_unavailable(*key)
+    reason = decide_cache.st_joint_unavailable(*key)
     if reason:
         st.warning(f"Areas, plausible maps and where to measure next need the joint posterior, which this run's "
                    f"model does not give. {reason}")

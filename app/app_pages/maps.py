@@ -5,6 +5,9 @@ nothing pickable; a click anywhere on a cell returns that cell (read from the gr
 index, not by GPU picking), and its centre becomes the reference point ``x_ref`` (kept in the session
 and the URL, so it survives recolouring and switching maps). The kernel slice ``k(grid, x_ref)`` is
 one matrix-vector product with the grid's cached features.
+
+A run with time as an input (``fit --time-input``) gets a quarter slider that every map kind follows and a
+"Change" map kind between two quarters (:mod:`app.timeview`); the kernel slice is then at ``(x_ref, t_ref)``.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import cache, gridmap, mapview, state, uploads
+from app import cache, decide_cache, gridmap, mapview, state, timeview, uploads
 from app.colors import SCALES, format_number, legend_html
 from app.modelinfo import noise_text, training_note, uncertainty_note
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
 MAP_LABELS = {"mean": "Posterior mean", "width": "95% PI width", "data": "Measurements",
-              "exceed": "Exceedance"}  # P(below or above the Decide page's threshold) per cell
+              "exceed": "Exceedance",  # P(below or above the Decide page's threshold) per cell
+              "change": "Change"}  # a run with time as an input: the change between two quarters
 SLICE_MODES = {
     "kernel": "kernel k(x, x_ref)",
     "correlation": "correlation k / sqrt(k(x,x) k(x_ref,x_ref))",
@@ -39,11 +43,23 @@ def on_pick(widget_key: str, key: tuple[str, float]) -> None:
     state.update(xref=(round(float(grid["lon"].iloc[cell]), 5), round(float(grid["lat"].iloc[cell]), 5)))
 
 
-def controls(runs) -> state.ViewState:
-    """The map controls (the run comes from the sidebar's picker); returns the view state they leave."""
+def controls(runs, quarters: list[str]) -> state.ViewState:
+    """The map controls (the run comes from the sidebar's picker; ``quarters``: the active run's grid quarters
+    when it has time as an input, which adds the quarter slider and the Change map); returns the view state."""
     ids = [r.run_id for r in runs]
     titles = cache.run_titles(runs)
-    state.control(st.segmented_control, "Map", list(MAP_LABELS), format_func=MAP_LABELS.get, name="map")
+    kinds = [k for k in MAP_LABELS if k != "change" or len(quarters) > 1]
+    if state.view().map not in kinds:
+        state.update(map="mean")
+    state.control(st.segmented_control, "Map", kinds, format_func=MAP_LABELS.get, name="map",
+                  valid=kinds.__contains__)
+    if quarters:
+        c = st.columns([3, 2])
+        with c[0]:
+            timeview.quarter_slider(quarters)
+        if state.view().map == "change":
+            with c[1]:
+                timeview.change_controls(quarters)
     c = st.columns([2, 3, 2, 2])
     with c[0]:
         state.control(st.selectbox, "Colour scale", MAP_SCALES, name="scale", valid=MAP_SCALES.__contains__)
@@ -77,9 +93,10 @@ def controls(runs) -> state.ViewState:
     return state.view()
 
 
-def run_info(info) -> tuple[cache.RunData, tuple[str, float]]:
+def run_info(info, quarter: str | None = None) -> tuple[cache.RunData, tuple[str, float]]:
+    """A run's data (its grid at ``quarter`` for a run with time as an input) and its cache key."""
     key = cache.run_key(info)
-    return cache.st_run_data(*key), key
+    return cache.st_run_data(*key, quarter), key
 
 
 def outline_parts(run: cache.RunData, with_strata: bool):
@@ -113,11 +130,14 @@ def spec_of_run(run: cache.RunData) -> state.DatasetSpec | None:
         if not p.is_file():
             return None
     x = cfg.get("x") or [None, None]
+    quarter = cfg.get("quarter")
+    if cfg.get("time_input") and run.quarters:  # every quarter of the run (the test period too)
+        quarter = f"{run.quarters[0]}:{run.quarters[-1]}"
     strata = cfg.get("strata")
     if strata and strata.startswith("polygons:") and not strata.startswith(("polygons:upload:", "polygons:file:")):
         strata = "polygons:file:" + strata[len("polygons:") :]  # a layer the run (e.g. the CLI) named by path
     return state.DatasetSpec(
-        source=source, quarter=cfg.get("quarter"), y=cfg.get("y"), transform=cfg.get("transform", "identity"),
+        source=source, quarter=quarter, y=cfg.get("y"), transform=cfg.get("transform", "identity"),
         lon=x[0], lat=x[1], weight=cfg.get("weight"), time=cfg.get("time"), strata=strata,
     )
 
@@ -131,19 +151,28 @@ def main_map(run: cache.RunData, key, v: state.ViewState, limits, data, width_px
 
 def grid_map(run: cache.RunData, key, v: state.ViewState, limits, width_px: int = 560) -> None:
     kind = v.map
+    widget_key = f"pick_{run.run_id}"
+    if kind == "change":
+        if len(run.quarters) < 2:
+            st.info("The Change map needs a run fitted with time as an input over several quarters "
+                    "(python -m gpcore fit ... --time-input).")
+            return
+        timeview.change_map(run, key, v.change_from, v.change_to, widget_key=widget_key,
+                            outlines=mapview.outline_specs(*outline_parts(run, v.strata_outline)), basemap=v.basemap,
+                            width_px=width_px, on_change=lambda: on_pick(widget_key, key))
+        return
     if kind == "exceed":  # P(below the Decide page's threshold), from the run's stored marginals
         from app.colors import ColorScale
 
         t = mapview.threshold_of(run, v.threshold)
         scale = ColorScale("rdbu", 0.0, 1.0)
-        image = cache.slice_image(*key, cache.st_exceedance(*key, t, "original", "below"), scale)
+        image = cache.slice_image(*key, decide_cache.st_exceedance(*key, t, "original", "below", run.quarter), scale)
         title = f"{mapview.exceed_title(run, t)} (threshold set on the Decide page)"
     else:
         col, scale, title = mapview.grid_scale(run, kind, v.scale, v.width_units, limits)
-        image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi)
+        image = cache.st_grid_image(*key, col, scale.name, scale.lo, scale.hi, quarter=run.quarter)
     # The main map shows no x_ref marker: its arguments then stay the same across clicks (the slice map
     # carries the marker).
-    widget_key = f"pick_{run.run_id}"
     mapview.draw_grid(run, key, image, widget_key=widget_key, clickable=True,
                       outlines=mapview.outline_specs(*outline_parts(run, v.strata_outline)), basemap=v.basemap,
                       width_px=width_px, on_change=lambda: on_pick(widget_key, key))
@@ -161,9 +190,12 @@ def data_map(run: cache.RunData, v: state.ViewState, active: cache.LoadedData, w
             data = cache.st_load_dataset(spec)
         except GPCoreError as exc:
             st.warning(f"The run's data could not be read ({md_text(exc)}); showing the active data set.")
-    scale, title = mapview.measurement_scale(data, v.scale)
+    scale, title = mapview.measurement_scale(data, v.scale)  # one scale for every quarter of a time run
+    data, data_key = timeview.data_at_quarter(data, run.quarter if run.quarters else None)
+    if run.quarters:
+        title += f" in {run.quarter} ({data.n:,} rows)"
     deck = mapview.points_deck(data, scale, outlines_for(run, v.strata_outline), basemap=v.basemap,
-                               bounds=run.bounds, width_px=width_px)
+                               bounds=run.bounds, width_px=width_px, data_key=data_key)
     st.pydeck_chart(deck, height=deck.map_height, key=f"data_{run.run_id}")
     st.html(legend_html(scale, title))
     if cache.map_sample_note(data.n):
@@ -171,7 +203,7 @@ def data_map(run: cache.RunData, v: state.ViewState, active: cache.LoadedData, w
     st.caption("Click a cell on the mean or width map to choose the kernel-slice reference point.")
 
 
-def kernel_panel(run: cache.RunData, key, v: state.ViewState) -> None:
+def kernel_panel(run: cache.RunData, key, v: state.ViewState, slice_control: bool = True) -> None:
     """Kernel slice map around ``x_ref`` and the point's posterior mean and 95 % interval."""
     xref = v.xref
     if xref is None:
@@ -179,13 +211,18 @@ def kernel_panel(run: cache.RunData, key, v: state.ViewState) -> None:
         return
     i = run.nearest_cell(*xref)
     cell_id = run.grid["cell_id"].iloc[i]
-    kc = cache.st_kernel(*key)
-    values = kc.slice(np.asarray(xref, dtype=float), v.slice_mode)
-    scale = mapview.slice_scale(values, v.slice_mode)
+    shown = timeview.slice_quarter(run, slice_control)  # time run: the slice at (x_ref, t_ref) at this quarter
+    kc = cache.st_kernel(*key, t=run.t if shown == run.quarter else cache.st_run_data(*key, shown).t)
+    x_ref = timeview.point_inputs(xref, run.t)
+    values = kc.slice(x_ref, v.slice_mode)
+    top = float(kc.model.kernel_diag(x_ref[None, :])[0]) if run.quarters else None  # decay in time shows
+    scale = mapview.slice_scale(values, v.slice_mode, top)
     if v.slice_mode == "kernel":
         title = f"Kernel slice k(·, x_ref) in ({run.t_units})²"
     else:
         title = "Kernel slice: " + SLICE_MODES[v.slice_mode]
+    if run.quarters:
+        title += f"; x_ref at {run.quarter}, map at {shown}"
     image = cache.slice_image(*key, values, scale)
     st.markdown(f"**Kernel slice at x_ref** = ({xref[0]:.5f}, {xref[1]:.5f}), cell `{cell_id}`")
     mapview.draw_grid(run, key, image, widget_key=f"slice_{run.run_id}", clickable=False,
@@ -197,13 +234,13 @@ def kernel_panel(run: cache.RunData, key, v: state.ViewState) -> None:
 
 def point_summary(run: cache.RunData, key, xref) -> None:
     model = cache.st_model(*key)
-    pred = model.predict(np.asarray(xref, dtype=float)[None, :])
+    pred = model.predict(timeview.point_inputs(xref, run.t)[None, :])
     lo_t, hi_t = pred.interval(0.95)
     tr = run.transform
     mean, lo, hi = (float(tr.inverse(v)[0]) for v in (pred.mean, lo_t, hi_t))
     u = f" {run.units}" if run.units else ""
     c = st.columns([2, 3])
-    c[0].metric("Posterior mean at x_ref", f"{format_number(mean)}{u}",
+    c[0].metric("Posterior mean at x_ref" + mapview.at_quarter(run), f"{format_number(mean)}{u}",
                 help="Back-transformed: the predictive median for a log target.")
     c[1].metric("95% interval", f"[{format_number(lo)}, {format_number(hi)}]{u}",
                 help=f"Width {format_number(hi - lo)}{u}; in model space {float(hi_t[0] - lo_t[0]):.3f} {run.t_units}")
@@ -226,7 +263,7 @@ def run_header(run: cache.RunData) -> None:
 
 
 def shared_limits(runs: list[cache.RunData], kind: str, width_units: str):
-    if len(runs) < 2 or kind in ("data", "exceed"):
+    if len(runs) < 2 or kind in ("data", "exceed", "change"):
         return None
     from app.colors import robust_limits
 
@@ -242,15 +279,16 @@ def render(data: cache.LoadedData, runs: list) -> None:
     if not runs:
         st.info("No run with a prediction grid yet: train one on the Train page.")
         return
-    v = controls(runs)
     by_id = {r.run_id: r for r in runs}
+    active = by_id.get(state.view().run, runs[0])
+    v = controls(runs, timeview.run_quarters(active.manifest))
     chosen = [by_id[v.run]] if v.run in by_id else [runs[0]]
     if v.run not in by_id:
         title = cache.run_titles(chosen)[runs[0].run_id]
         st.caption(f"The active run has no prediction grid: showing {md_text(title)}.")
     if v.run2 in by_id:
         chosen.append(by_id[v.run2])
-    loaded = [run_info(r) for r in chosen]
+    loaded = [run_info(r, timeview.quarter_of(r, v.at)) for r in chosen]
     limits = shared_limits([r for r, _ in loaded], v.map, v.width_units) if v.shared_scale else None
     if len(loaded) == 1:
         run, key = loaded[0]
@@ -259,11 +297,15 @@ def render(data: cache.LoadedData, runs: list) -> None:
         with left:
             main_map(run, key, v, limits, data, width_px=560)
         with right:
+            if v.map == "change" and len(run.quarters) > 1:
+                timeview.change_panel(run, key, v.change_from, v.change_to, v.xref)
             kernel_panel(run, key, v)
     else:
         cols = st.columns(2, gap="medium")
-        for (run, key), col in zip(loaded, cols, strict=True):
+        for i, ((run, key), col) in enumerate(zip(loaded, cols, strict=True)):
             with col:
                 run_header(run)
                 main_map(run, key, v, limits, data, width_px=560)
-                kernel_panel(run, key, v)
+                if v.map == "change" and len(run.quarters) > 1:
+                    timeview.change_panel(run, key, v.change_from, v.change_to, v.xref)
+                kernel_panel(run, key, v, slice_control=i == 0)

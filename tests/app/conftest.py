@@ -116,3 +116,50 @@ def open_page(at, path: str):
     assert hashes, f"no page at /{path}; pages: {[i.get('url_pathname') for i in at._registered_pages.values()]}"
     at._page_hash = hashes[0]
     return at
+
+
+# ---------------------------------------------------------------------------------------------
+# a tiny run with time as an input (issue 23): the Maps quarter slider, the Change map, Decide at a quarter
+# ---------------------------------------------------------------------------------------------
+
+TIME_RUN = "20240102-000000-000-vecchia-st"
+PLAIN_RUN = "20240102-000001-000-vecchia-plain"
+FORECAST_RUN = "20240102-000002-000-vecchia-forecast"
+
+
+def time_config(csv, **run):
+    """A tiny space-time ``vecchia`` run on the synthetic multi-quarter CSV (2019Q1-2020Q4, Puerto Rico)."""
+    from gpcore.run.config import RunConfig
+
+    base = dict(data=str(csv), y="download_mbps", transform="log10", model="vecchia", weight="tests",
+                settings={"epochs": 2, "neighbors": 8}, grid_cell_km=20.0)
+    return RunConfig(**{**base, **run})
+
+
+@pytest.fixture(scope="session")
+def time_store(tmp_path_factory) -> Path:
+    """Three tiny runs on a synthetic 8-quarter CSV: time as an input over every quarter (per-quarter grids), the
+    same model on one quarter (no time), and a forecast run (trained on 2019Q1-2020Q3, tested on 2020Q4)."""
+    from gpcore.run.pipeline import execute_run
+    from tests.gpcore.test_cli_time import write_spacetime_csv
+
+    root = tmp_path_factory.mktemp("time")
+    csv = write_spacetime_csv(root / "st.csv", n=480)
+    store = root / "runs"
+    execute_run(time_config(csv, time_input=True, label="vecchia space-time tiny"), store / TIME_RUN)
+    execute_run(time_config(csv, quarter="2020Q4", label="vecchia one quarter tiny"), store / PLAIN_RUN)
+    execute_run(time_config(csv, time_input=True, quarter="2019Q1:2020Q3", split="forecast", test_period="2020Q4",
+                            grid_kind="none", label="vecchia forecast tiny"), store / FORECAST_RUN)
+    return store
+
+
+@pytest.fixture
+def time_env(time_store, tmp_path, monkeypatch) -> Path:
+    """``time_store`` copied as ``UA_RUN_STORE``, without the bundled runs."""
+    path = tmp_path / "runs"
+    shutil.copytree(time_store, path)
+    (tmp_path / "no-bundled").mkdir()
+    monkeypatch.setattr("gpcore.run.store.BUNDLED_RUNS", tmp_path / "no-bundled")
+    monkeypatch.setenv("UA_RUN_STORE", str(path))
+    monkeypatch.setenv("UA_TORCH_THREADS", "1")
+    return path

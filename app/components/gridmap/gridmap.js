@@ -78,6 +78,7 @@
         lookup = {
           bounds: lk.bounds, yS: mercY(lk.bounds[1]), yN: mercY(lk.bounds[3]), w: lk.w, h: lk.h,
           index: index, ids: new Int32Array(b64bytes(lk.ids)), vals: vals, units: lk.units, tunits: lk.tunits,
+          kind: lk.kind || "grid",
         };
         document.body.setAttribute("data-ready", "1");
       }
@@ -105,6 +106,13 @@
   function tooltipHtml(c) {
     var v = lookup.vals;
     var u = lookup.units ? " " + esc(lookup.units) : "";
+    if (lookup.kind === "change") {
+      return (
+        "<b>cell " + esc(lookup.ids[c]) + "</b><br/>change " + fmt(v.m[c]) + u +
+        "<br/>95% interval [" + fmt(v.lo[c]) + ", " + fmt(v.hi[c]) + "]" + u +
+        "<br/>P(improved) " + fmt(v.p[c])
+      );
+    }
     return (
       "<b>cell " + esc(lookup.ids[c]) + "</b><br/>mean " + fmt(v.m[c]) + u +
       "<br/>95% interval [" + fmt(v.lo[c]) + ", " + fmt(v.hi[c]) + "]" + u +
