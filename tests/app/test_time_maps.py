@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 from scipy.stats import norm
 from streamlit.testing.v1 import AppTest
 
@@ -117,3 +116,18 @@ def test_a_link_reopens_the_quarter_and_the_change(time_env):
     # a quarter the run has no grid for gives way to its latest
     at = maps_page(TIME_RUN, at="2031Q1")
     assert at.select_slider(key="w_quarter").value == "2020Q4"
+
+
+def test_change_colours_grey_out_cells_whose_sign_is_uncertain():
+    from app.colors import CHANGE, N_COLORS, NEUTRAL, ColorScale, change_index, change_legend_html, lut, sign_uncertain
+
+    p = np.array([0.02, 0.1, 0.5, 0.9, 0.97, 0.5])
+    mean = np.array([-1.0, -0.4, 0.0, 0.4, 1.0, np.nan])
+    assert sign_uncertain(p).tolist() == [False, False, True, False, False, True], "the band is open: 0.1 < P < 0.9"
+    idx = change_index(mean, p, -1.0, 1.0)
+    assert idx[2] == N_COLORS and tuple(lut(CHANGE)[N_COLORS]) == NEUTRAL, "uncertain -> the neutral grey"
+    assert idx[5] == 0, "no value -> transparent"
+    assert idx[0] == 1 and 1 < idx[1] < idx[3] < idx[4] < N_COLORS, "certain cells keep the diverging colours"
+    html = change_legend_html(ColorScale("rdbu", -1.0, 1.0), "Change <x>")
+    assert "Change &lt;x&gt;" in html and "sign uncertain: 0.1 &lt; P(improved) &lt; 0.9" in html
+
