@@ -386,6 +386,14 @@ def st_raster(path: str, stamp: float) -> R.RasterIndex:
     )
 
 
+@st.cache_resource(show_spinner=False, max_entries=8)
+def st_index_png(path: str, stamp: float) -> str:
+    """The grid's pixel -> cell index PNG (:func:`app.gridmap.index_png`), shared by every lookup of the run."""
+    from app import gridmap
+
+    return gridmap.index_png(st_raster(path, stamp))
+
+
 @st.cache_resource(show_spinner="Preparing the map cells ...", max_entries=16)
 def st_grid_lookup(path: str, stamp: float, quarter: str | None = None) -> dict:
     """Tooltip and click lookup of a run's grid (at ``quarter``) for :func:`app.gridmap.grid_map` (made once)."""
@@ -396,7 +404,8 @@ def st_grid_lookup(path: str, stamp: float, quarter: str | None = None) -> dict:
     values = {k: g[c].to_numpy() for k, c in (("m", "mean"), ("lo", "lower"), ("hi", "upper"), ("w", "width"),
                                                 ("wt", "width_t"))}
     return gridmap.lookup(st_raster(path, stamp), g["cell_id"].to_numpy(), values, run.units, run.t_units,
-                          key=f"{path}:{stamp}" + (f":{quarter}" if quarter else ""))
+                          key=f"{path}:{stamp}" + (f":{quarter}" if quarter else ""),
+                          index_url=st_index_png(path, stamp))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -114,7 +114,7 @@ def st_change(path: str, stamp: float, t_from: str, t_to: str, level: float = 0.
 def st_change_lookup(path: str, stamp: float, t_from: str, t_to: str) -> dict:
     """Tooltip and click lookup of the Change map (change, its 95 % interval and P(improved) per cell)."""
     from app import gridmap
-    from app.cache import st_raster
+    from app.cache import st_index_png, st_raster
 
     run = st_run_data(path, stamp)
     c = st_change(path, stamp, t_from, t_to)
@@ -122,7 +122,8 @@ def st_change_lookup(path: str, stamp: float, t_from: str, t_to: str) -> dict:
               "w": (c["change_hi"] - c["change_lo"]).to_numpy(), "wt": c["change_sd"].to_numpy(),
               "p": c["p_increase"].to_numpy()}
     return gridmap.lookup(st_raster(path, stamp), c["cell_id"].to_numpy(), values, run.t_units, run.t_units,
-                          key=f"{path}:{stamp}:change:{t_from}:{t_to}", kind="change")
+                          key=f"{path}:{stamp}:change:{t_from}:{t_to}", kind="change",
+                          index_url=st_index_png(path, stamp))
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

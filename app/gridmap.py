@@ -44,16 +44,17 @@ def _b64(a: np.ndarray, dtype) -> str:
 
 
 def lookup(raster: R.RasterIndex, cell_ids, values: dict[str, np.ndarray], units: str, t_units: str, key: str,
-           kind: str = "grid") -> dict:
+           kind: str = "grid", index_url: str | None = None) -> dict:
     """What the browser needs for tooltips and clicks: the index PNG, cell ids and float32 values.
 
     ``values`` has ``m, lo, hi, w`` (original units) and ``wt`` (model space), one per grid row. ``kind="change"``
     (the Change map): ``m, lo, hi`` are the change's mean and interval and ``p`` is P(change > 0), in ``units``.
+    ``index_url``: :func:`index_png` of ``raster`` made before (it is the same for every quarter of a time run).
     """
     return {
         "kind": kind,
         "key": key,
-        "index_png": index_png(raster),
+        "index_png": index_url or index_png(raster),
         "w": int(raster.width),
         "h": int(raster.height),
         "bounds": [float(v) for v in raster.bounds],
