@@ -207,7 +207,8 @@ def kernel_panel(run: cache.RunData, key, v: state.ViewState, slice_control: boo
     """Kernel slice map around ``x_ref`` and the point's posterior mean and 95 % interval."""
     xref = v.xref
     if xref is None:
-        st.info("Click a grid cell on the mean or width map to show the kernel slice k(·, x_ref) there.")
+        st.info("Click a grid cell on the map (mean, width, exceedance or change) to show the kernel slice "
+                "k(·, x_ref) there.")
         return
     i = run.nearest_cell(*xref)
     cell_id = run.grid["cell_id"].iloc[i]

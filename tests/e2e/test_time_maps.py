@@ -77,9 +77,20 @@ def test_slider_and_change_map_in_the_browser(time_server, page):
     no_exception(page)
     assert slider_value(page) == "2019Q3"
     assert "at=2019Q3" in page.url, page.url
-    print(f"slider -> new legend in {redraw_s:.2f} s")
+    print(f"slider -> new legend in {redraw_s:.2f} s (a quarter not shown before)")
     wait_grid_drawn(page, 0)
     screenshot(page, "time-maps-slider.png")
+    thumb.focus()  # back to a quarter already drawn (warm caches), and again forward
+    page.keyboard.press("End")
+    t0 = time.perf_counter()
+    expect_legend(page, "Posterior mean of download_mbps at 2020Q4")
+    print(f"slider -> legend of a quarter drawn before in {time.perf_counter() - t0:.2f} s")
+    settle(page)
+    thumb.focus()
+    for _ in range(5):
+        page.keyboard.press("ArrowLeft")
+    expect_legend(page, "Posterior mean of download_mbps at 2019Q3")
+    settle(page)
 
     # the Change map between the first and the last quarter
     segment(page, "Map", "Change")
