@@ -98,6 +98,22 @@ def dataset_config(key: str, tmp: Path) -> RunConfig | None:
     raise SystemExit(f"--data {key!r}: unknown data set; choose from {', '.join(DATASETS)}")
 
 
+def race_configs(data: str, smoke: bool, tmp: Path) -> list[tuple[str, RunConfig]]:
+    """``(key, RunConfig)`` of the comma-separated ``data`` sets whose files exist (a missing one is skipped with a
+    message); ``smoke``: the bundled synthetic sample instead."""
+    if smoke:
+        return [("synthetic", RunConfig(data="sample:synthetic", y="download_mbps", transform="log10",
+                                        weight="tests", strata="county_metro", grid_kind="none"))]
+    configs = []
+    for key in [k for k in data.split(",") if k]:
+        cfg = dataset_config(key, tmp)
+        if cfg is None:
+            print(f"{key}: data file not found under {shared_data('')}: skipping (set UA_SHARED_DATA)")
+            continue
+        configs.append((key, cfg))
+    return configs
+
+
 def coverage_cell(mean, var_y, y) -> tuple[str, bool]:
     """``"94.8 ± 0.9"`` (coverage and two binomial SEs, in %), with ``✗`` when outside; and whether inside."""
     cov, two_se = M.coverage(mean, var_y, y), 2 * M.coverage_se(len(y))
@@ -207,17 +223,7 @@ def main(argv=None) -> int:
         if args.smoke:
             args.subsample = args.subsample or 600
             args.recalibrate = "group" if args.recalibrate == "none" else args.recalibrate
-            configs = [("synthetic", RunConfig(data="sample:synthetic", y="download_mbps", transform="log10",
-                                               weight="tests", strata="county_metro", grid_kind="none"))]
-        else:
-            configs = []
-            for key in [k for k in args.data.split(",") if k]:
-                cfg = dataset_config(key, Path(tmp))
-                if cfg is None:
-                    print(f"{key}: data file not found under {shared_data('')}: skipping (set UA_SHARED_DATA)")
-                    continue
-                configs.append((key, cfg))
-        for key, cfg in configs:
+        for key, cfg in race_configs(args.data, args.smoke, Path(tmp)):
             cfg = dataclasses.replace(cfg, split=args.split, block_km=args.block_km, seed=args.seed)
             rows += race_dataset(key, cfg, models, sets, args, smoke=args.smoke)
     if not rows:

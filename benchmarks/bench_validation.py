@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from _harness import report, smoke_settings, start, stderr
-from bench_race import dataset_config, score
+from bench_race import race_configs, score
 
 from gpcore.models import make_model
 from gpcore.models.validation import condition_weights
@@ -78,15 +78,7 @@ def main(argv=None) -> int:
     models, sets = start(args.models, args.set)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        if args.smoke:
-            configs = [("synthetic", RunConfig(data="sample:synthetic", y="download_mbps", transform="log10",
-                                               weight="tests", strata="county_metro", grid_kind="none"))]
-        else:
-            configs = [(k, dataset_config(k, Path(tmp))) for k in args.data.split(",") if k]
-        for key, cfg in configs:
-            if cfg is None:
-                print(f"{key}: data file not found: skipping")
-                continue
+        for key, cfg in race_configs(args.data, args.smoke, Path(tmp)):
             cfg = dataclasses.replace(cfg, seed=args.seed)
             for name in models:
                 settings = {**(smoke_settings(name) if args.smoke else {}), **sets.get(name, {})}
