@@ -119,9 +119,9 @@ def change_panel(run: cache.RunData, key, t_from: str, t_to: str, xref) -> None:
     label = change_label(run)
     mean, lo, hi, p = (float(row[c]) for c in ("change_mean", "change_lo", "change_hi", "p_increase"))
     st.markdown(f"**Change {md_text(t_from)} → {md_text(t_to)} at cell `{int(row['cell_id'])}`** "
-                f"({xref[0]:.5f}, {xref[1]:.5f})")
-    c = st.columns(3)
-    c[0].metric("Change", f"{mean:+.3f} {run.t_units}", help="Posterior mean of f(x, to) − f(x, from).")
+                f"({xref[0]:.5f}, {xref[1]:.5f}), in {md_text(run.t_units)}")
+    c = st.columns([2, 3, 2])
+    c[0].metric("Change", f"{mean:+.3f}", help=f"Posterior mean of f(x, to) − f(x, from), in {run.t_units}.")
     c[1].metric("Change 95% interval", f"[{lo:+.3f}, {hi:+.3f}]")
     c[2].metric("P(improved)", f"{p:.3f}", help="P(change > 0) = Φ(mean / sd), from the joint posterior.")
     sign = "uncertain" if UNCERTAIN[0] < p < UNCERTAIN[1] else ("improved" if p >= UNCERTAIN[1] else "worse")

@@ -241,12 +241,13 @@ def point_summary(run: cache.RunData, key, xref) -> None:
     mean, lo, hi = (float(tr.inverse(v)[0]) for v in (pred.mean, lo_t, hi_t))
     u = f" {run.units}" if run.units else ""
     c = st.columns([2, 3])
-    c[0].metric("Posterior mean at x_ref" + mapview.at_quarter(run), f"{format_number(mean)}{u}",
+    c[0].metric("Posterior mean at x_ref", f"{format_number(mean)}{u}",
                 help="Back-transformed: the predictive median for a log target.")
     c[1].metric("95% interval", f"[{format_number(lo)}, {format_number(hi)}]{u}",
                 help=f"Width {format_number(hi - lo)}{u}; in model space {float(hi_t[0] - lo_t[0]):.3f} {run.t_units}")
     st.caption(
-        f"x_ref posterior: mean {format_number(mean)}{u}, 95% interval [{format_number(lo)}, {format_number(hi)}]{u}"
+        f"x_ref posterior{mapview.at_quarter(run)}: mean {format_number(mean)}{u}, "
+        f"95% interval [{format_number(lo)}, {format_number(hi)}]{u}"
         f" (model space {float(pred.mean[0]):.3f} ± {float(hi_t[0] - pred.mean[0]):.3f} {run.t_units})."
     )
 

@@ -4,7 +4,7 @@ the Change map, click a cell for its change and P(improved).
 The run is a tiny space-time ``vecchia`` fit (``--time-input``) on a synthetic 8-quarter CSV over Puerto Rico whose
 speeds rise in time, served from its own store. Screenshots: ``test-artifacts/time-maps-latest.png`` (opened at the
 latest quarter), ``time-maps-slider.png`` (after the slider moved), ``time-change.png`` (the Change map with a
-clicked cell).
+clicked cell), ``time-change-uncertain.png`` (one quarter apart: the cells with an uncertain sign in grey).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 from tests.e2e.conftest import start_server, stop_server
 from tests.e2e.helpers import (
+    choose,
     click_grid,
     expect_legend,
     legend_titles,
@@ -106,3 +107,14 @@ def test_slider_and_change_map_in_the_browser(time_server, page):
     titles = legend_titles(page)
     assert any(t.startswith("Change of download_mbps") for t in titles), titles
     screenshot(page, "time-change.png")
+
+    # one quarter apart the change is small: cells whose sign is uncertain turn grey
+    choose(page, "From quarter", "2020Q3")
+    expect_legend(page, "Change of download_mbps from 2020Q3 to 2020Q4", timeout=90)
+    no_exception(page)
+    assert "from=2020Q3" in page.url
+    caption = page.get_by_text(re.compile(r"with an uncertain sign \(grey\)")).first.inner_text()
+    uncertain = int(re.search(r"([\d,]+) with an uncertain sign", caption).group(1).replace(",", ""))
+    assert uncertain > 0, caption
+    wait_grid_drawn(page, 0)
+    screenshot(page, "time-change-uncertain.png")
