@@ -43,13 +43,13 @@ def grid_scale(run: cache.RunData, kind: str, scale_name: str, width_units: str 
 
 def at_quarter(run: cache.RunData) -> str:
     """`` at 2023Q4`` for a run with time as an input (its maps' quarter), else ""."""
-    return f" at {run.quarter}" if run.quarter and run.quarters else ""
+    return f" at {run.quarter}" if getattr(run, "quarter", None) and getattr(run, "quarters", None) else ""
 
 
 def _limits(run: cache.RunData, col: str) -> tuple[float, float]:
     """Colour limits of a grid column: over every quarter for a run with time as an input (one scale for the whole
     slider), else over the grid."""
-    if run.quarters:
+    if getattr(run, "quarters", None):
         from app import decide_cache
 
         return decide_cache.st_quarter_limits(*cache.run_key(run), col)
