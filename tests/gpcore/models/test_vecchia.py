@@ -248,3 +248,16 @@ def test_lbfgs_reaches_the_exact_gp_maximum_likelihood():
     ours = -vec.log_likelihood().item()
     assert ours == pytest.approx(best.fun, abs=1e-4)
     assert vec.train_info_["epochs_run"] < 60  # converged: stopped by its own tolerance, not the step limit
+
+
+def test_lbfgs_stops_once_an_iteration_changes_the_loss_by_less_than_the_tolerance():
+    """``lbfgs_tolerance`` (GPBoost's delta_rel_conv): the fit stops at the first iteration whose loss change is
+    within the tolerance, and not before; 0 leaves only the patience and the epoch limit."""
+    X, y = _data(n=120, seed=3)
+    loose = make_model("vecchia", neighbors=8, epochs=40, lbfgs_tolerance=1e-3, seed=0).fit(X, y)
+    losses = [h["loss"] for h in loose.history_]
+    steps = [abs(b - a) / max(1.0, abs(b)) for a, b in zip(losses, losses[1:], strict=False)]
+    assert len(losses) < 40 and steps[-1] <= 1e-3 and all(s > 1e-3 for s in steps[:-1]), steps
+    full = make_model("vecchia", neighbors=8, epochs=len(losses) + 3, lbfgs_tolerance=0.0, seed=0).fit(X, y)
+    assert len(full.history_) > len(losses)
+    np.testing.assert_allclose([h["loss"] for h in full.history_][: len(losses)], losses, rtol=1e-12)
