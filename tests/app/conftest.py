@@ -104,6 +104,18 @@ def click_grid(at, key: str, cell: int, lon: float = 0.0, lat: float = 0.0):
     return at._run(states)
 
 
+def linked_page(path: str, run_id: str, **params):
+    """The page at URL path ``path`` of ``run_id``, opened by a link (``?run=...`` and any other URL parameters)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update({"run": run_id, **params})
+    at.run()
+    open_page(at, path).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def open_page(at, path: str):
     """Switch to the page at URL path ``path`` (``"maps"``): the pages are ``render(data, runs)`` callables
     registered by ``st.navigation`` (app/navigation.py), which ``AppTest.switch_page`` (file pages) cannot
@@ -153,13 +165,18 @@ def time_store(tmp_path_factory) -> Path:
     return store
 
 
-@pytest.fixture
-def time_env(time_store, tmp_path, monkeypatch) -> Path:
-    """``time_store`` copied as ``UA_RUN_STORE``, without the bundled runs."""
+def use_store(src: Path, tmp_path, monkeypatch) -> Path:
+    """``src`` copied as ``UA_RUN_STORE``, without the bundled runs (so the runs here are all there is)."""
     path = tmp_path / "runs"
-    shutil.copytree(time_store, path)
+    shutil.copytree(src, path)
     (tmp_path / "no-bundled").mkdir()
     monkeypatch.setattr("gpcore.run.store.BUNDLED_RUNS", tmp_path / "no-bundled")
     monkeypatch.setenv("UA_RUN_STORE", str(path))
     monkeypatch.setenv("UA_TORCH_THREADS", "1")
     return path
+
+
+@pytest.fixture
+def time_env(time_store, tmp_path, monkeypatch) -> Path:
+    """``time_store`` copied as ``UA_RUN_STORE``, without the bundled runs."""
+    return use_store(time_store, tmp_path, monkeypatch)

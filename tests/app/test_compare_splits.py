@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT, open_page, tiny_config
+from tests.app.conftest import APP, TIMEOUT, open_page, tiny_config, use_store
 
 BLOCK_RUNS = {"20240101-000002-000-dbk-rbf-block": "dbk-rbf", "20240101-000003-000-dbk-silu-block": "dbk-silu"}
 
@@ -26,17 +26,6 @@ def split_store(trained_store, tmp_path_factory) -> Path:
         execute_run(tiny_config(model, seed=0, split="block", block_km=10.0, grid_kind="none",
                                 label=f"{model} tiny"), store / run_id)
     return store
-
-
-def use_store(src: Path, tmp_path, monkeypatch) -> Path:
-    """``src`` copied as ``UA_RUN_STORE``, without the bundled runs (so the runs here are all there is)."""
-    path = tmp_path / "runs"
-    shutil.copytree(src, path)
-    (tmp_path / "no-bundled").mkdir()
-    monkeypatch.setattr("gpcore.run.store.BUNDLED_RUNS", tmp_path / "no-bundled")
-    monkeypatch.setenv("UA_RUN_STORE", str(path))
-    monkeypatch.setenv("UA_TORCH_THREADS", "1")
-    return path
 
 
 def overall_nll(store: Path, run_id: str) -> float:

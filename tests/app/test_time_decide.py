@@ -11,16 +11,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, FORECAST_RUN, PLAIN_RUN, TIME_RUN, TIMEOUT, gridmaps, open_page
-
-
-def decide_page(run_id: str, **params) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update({"run": run_id, **params})
-    at.run()
-    open_page(at, "decide").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+from tests.app.conftest import APP, FORECAST_RUN, PLAIN_RUN, TIME_RUN, TIMEOUT, gridmaps, linked_page, open_page
 
 
 def area_table(at: AppTest):
@@ -30,7 +21,7 @@ def area_table(at: AppTest):
 def test_decide_at_the_sliders_quarter(time_env):
     from gpcore.run import decisions
 
-    at = decide_page(TIME_RUN, at="2020Q4")
+    at = linked_page("decide", TIME_RUN, at="2020Q4")
     slider = at.select_slider(key="w_quarter")
     assert slider.value == "2020Q4"
     heads = [h.value for h in at.subheader]
@@ -62,7 +53,7 @@ def test_decide_at_the_sliders_quarter(time_env):
 
 
 def test_decide_on_a_run_without_time_has_no_slider(time_env):
-    at = decide_page(PLAIN_RUN)
+    at = linked_page("decide", PLAIN_RUN)
     assert list(at.get("select_slider")) == []
     assert "Areas" in [h.value for h in at.subheader]
 

@@ -9,7 +9,7 @@ import pandas as pd
 from scipy.stats import norm
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, PLAIN_RUN, TIME_RUN, TIMEOUT, click_grid, gridmaps, open_page
+from tests.app.conftest import PLAIN_RUN, TIME_RUN, click_grid, gridmaps, linked_page
 
 QUARTERS = [f"{y}Q{q}" for y in (2019, 2020) for q in range(1, 5)]
 
@@ -18,22 +18,12 @@ def html_text(at: AppTest) -> str:
     return "\n".join(str(getattr(h.proto, "body", "")) for h in at.get("html"))
 
 
-def maps_page(run_id: str, **params) -> AppTest:
-    """The Maps page of ``run_id``, opened by a link (``?run=...`` and any other URL parameters)."""
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update({"run": run_id, **params})
-    at.run()
-    open_page(at, "maps").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def sliders(at: AppTest) -> list:
     return list(at.get("select_slider"))
 
 
 def test_the_quarter_slider_moves_every_map_kind(time_env):
-    at = maps_page(TIME_RUN)
+    at = linked_page("maps", TIME_RUN)
     slider = at.select_slider(key="w_quarter")
     assert slider.options == QUARTERS and slider.value == "2020Q4", "a time run opens at its latest quarter"
     assert "Posterior mean of download_mbps at 2020Q4" in html_text(at)
@@ -58,7 +48,7 @@ def test_the_quarter_slider_moves_every_map_kind(time_env):
 
 
 def test_a_run_without_time_has_no_slider_and_no_change_map(time_env):
-    at = maps_page(PLAIN_RUN)
+    at = linked_page("maps", PLAIN_RUN)
     assert sliders(at) == [], "no quarter slider"
     assert "change" not in at.segmented_control(key="w_map_kind").options
     assert "at" not in at.query_params
@@ -68,7 +58,7 @@ def test_a_run_without_time_has_no_slider_and_no_change_map(time_env):
 def test_the_change_map_gives_p_improved_from_the_joint_posterior(time_env):
     from gpcore.run.change import run_change
 
-    at = maps_page(TIME_RUN)
+    at = linked_page("maps", TIME_RUN)
     at.segmented_control(key="w_map_kind").set_value("change").run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.selectbox(key="w_change_from").value == "2019Q1" and at.selectbox(key="w_change_to").value == "2020Q4"
@@ -92,7 +82,7 @@ def test_the_change_map_gives_p_improved_from_the_joint_posterior(time_env):
 
 
 def test_the_kernel_slice_of_a_time_run_is_at_x_ref_and_t_ref(time_env):
-    at = maps_page(TIME_RUN)
+    at = linked_page("maps", TIME_RUN)
     grid = pd.read_parquet(time_env / TIME_RUN / "grid.parquet")
     i = len(grid) // 2
     click_grid(at, f"pick_{TIME_RUN}", i, float(grid.lon.iloc[i]), float(grid.lat.iloc[i]))
@@ -108,12 +98,12 @@ def test_the_kernel_slice_of_a_time_run_is_at_x_ref_and_t_ref(time_env):
 
 
 def test_a_link_reopens_the_quarter_and_the_change(time_env):
-    at = maps_page(TIME_RUN, at="2019Q4", map="change", **{"from": "2019Q2", "to": "2020Q2"})
+    at = linked_page("maps", TIME_RUN, at="2019Q4", map="change", **{"from": "2019Q2", "to": "2020Q2"})
     assert at.select_slider(key="w_quarter").value == "2019Q4"
     assert at.selectbox(key="w_change_from").value == "2019Q2" and at.selectbox(key="w_change_to").value == "2020Q2"
     assert "Change of download_mbps from 2019Q2 to 2020Q2" in html_text(at)
     # a quarter the run has no grid for gives way to its latest
-    at = maps_page(TIME_RUN, at="2031Q1")
+    at = linked_page("maps", TIME_RUN, at="2031Q1")
     assert at.select_slider(key="w_quarter").value == "2020Q4"
 
 
