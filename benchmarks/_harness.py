@@ -101,6 +101,13 @@ def stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def add_race_args(ap, example: str = "vecchia.epochs=50", smoke: str = "tiny synthetic data, tiny models") -> None:
+    """The arguments every race-style benchmark takes: ``--set``, ``--out`` and ``--smoke``."""
+    ap.add_argument("--set", action="append", default=[], help=f"MODEL.KEY=VALUE, e.g. {example}")
+    ap.add_argument("--out", help="write the markdown table(s) here (and the numbers to the same name with .csv)")
+    ap.add_argument("--smoke", action="store_true", help=f"{smoke} (seconds, CI)")
+
+
 def start(models_csv: str, set_items) -> tuple[list[str], dict[str, dict]]:
     """A race-style benchmark's start: the registered models of ``models_csv`` (the others named and skipped), the
     ``--set`` settings per model, and torch warmed up outside the timings."""

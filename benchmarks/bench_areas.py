@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import fit_predict, report, smoke_settings, start, stderr
+from _harness import add_race_args, fit_predict, report, smoke_settings, start, stderr
 from bench_race import dataset_config
 
 from gpcore import metrics as M
@@ -107,9 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-km", type=float, default=10.0)
     ap.add_argument("--min-tiles", type=int, default=5, help="score blocks with at least this many test tiles")
     ap.add_argument("--seeds", default="0,1,2", help="block splits (and model seeds) whose held-out blocks are pooled")
-    ap.add_argument("--set", action="append", default=[], help="MODEL.KEY=VALUE, e.g. dbk.epochs=50")
-    ap.add_argument("--out", help="write the markdown table here (and the numbers to the same name with .csv)")
-    ap.add_argument("--smoke", action="store_true", help="synthetic data, tiny models (seconds, CI)")
+    add_race_args(ap, "dbk.epochs=50", "synthetic data, tiny models")
     args = ap.parse_args(argv)
     models, sets = start(args.models, args.set)
     rows = []

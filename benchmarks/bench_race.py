@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 from _harness import (
+    add_race_args,
     feature_check_text,
     fit_predict,
     report,
@@ -208,14 +209,12 @@ def main(argv=None) -> int:
     ap.add_argument("--block-km", type=float, default=10.0, help="block size of --split block")
     ap.add_argument("--seed", type=int, default=0, help="split, subsample and model seed")
     ap.add_argument("--subsample", type=int, default=0, help="at most this many training rows (seeded); quick runs")
-    ap.add_argument("--set", action="append", default=[], help="MODEL.KEY=VALUE, e.g. vecchia.epochs=50")
     ap.add_argument("--recalibrate", choices=("none", "global", "group"), default="none",
                     help="also report each gpcore model after variance recalibration on the validation rows")
     ap.add_argument("--gpboost", choices=("both", "unweighted", "weighted", "none"), default="both",
                     help="GPBoost fits on a weighted data set: unweighted, with its weights argument, both, or none "
                          "(variants of gpcore models; GPBoost's numbers do not change between runs)")
-    ap.add_argument("--out", help="write the markdown table here (and the numbers to the same name with .csv)")
-    ap.add_argument("--smoke", action="store_true", help="tiny synthetic data, tiny models (seconds, CI)")
+    add_race_args(ap)
     args = ap.parse_args(argv)
     models, sets = start(args.models, args.set)
     rows = []

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import fit_predict, report, smoke_settings, start, stderr
+from _harness import add_race_args, fit_predict, report, smoke_settings, start, stderr
 from _peers import gpboost_available
 
 from gpcore import metrics as M
@@ -293,11 +293,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default="forecast,interp", help="forecast, interp or both (default)")
     ap.add_argument("--seed", type=int, default=0, help="split, subsample and model seed")
     ap.add_argument("--subsample", type=int, default=0, help="at most this many labelled training rows (seeded)")
-    ap.add_argument("--set", action="append", default=[], help="MODEL.KEY=VALUE, e.g. vecchia.epochs=50")
     ap.add_argument("--gpboost", choices=("unweighted", "weighted", "none"), default="unweighted",
                     help="GPBoost's space-time GP in the forecast task: unweighted (default), weighted, or none")
-    ap.add_argument("--out", help="write the markdown tables here (and the numbers to the same name with .csv)")
-    ap.add_argument("--smoke", action="store_true", help="tiny synthetic space-time data, tiny models (seconds, CI)")
+    add_race_args(ap, smoke="tiny synthetic space-time data, tiny models")
     args = ap.parse_args(argv)
     tasks = [s for s in args.tasks.split(",") if s]
     if bad := [s for s in tasks if s not in ("forecast", "interp")]:

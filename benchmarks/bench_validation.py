@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from _harness import report, smoke_settings, start, stderr
+from _harness import add_race_args, report, smoke_settings, start, stderr
 from bench_race import race_configs, score
 
 from gpcore.models import make_model
@@ -71,9 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default="pr,mo", help="comma-separated, from pr, mo, california, turkey")
     ap.add_argument("--models", default="dbk,svgp,ppgp", help="comma-separated weight-space models")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", action="append", default=[], help="MODEL.KEY=VALUE")
-    ap.add_argument("--out", help="write the markdown table here (and the numbers to the same name with .csv)")
-    ap.add_argument("--smoke", action="store_true", help="tiny synthetic data, tiny models (seconds, CI)")
+    add_race_args(ap, "dbk.epochs=50")
     args = ap.parse_args(argv)
     models, sets = start(args.models, args.set)
     rows = []
