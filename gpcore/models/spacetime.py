@@ -43,7 +43,7 @@ SPACE_TIME = ("none", "separable", "gneiting")
 TIME_KERNELS = ("matern12", "matern32")
 
 __all__ = ["SPACE_TIME", "TIME_KERNELS", "SpaceTimeConfig", "add_params", "cross_kernel", "gneiting_psi",
-           "group_covariance", "group_kernel", "init_hypers", "metric_coords", "order_coords", "spacetime_sqdist",
+           "group_kernel", "init_hypers", "metric_coords", "order_coords", "spacetime_sqdist",
            "spatial_radius", "time_correlation",
            "time_lengthscale_years"]
 
@@ -177,7 +177,7 @@ def _module_sqdist(mod: nn.Module, d2: torch.Tensor, u2: torch.Tensor, outputsca
 
 def group_kernel(mod: nn.Module, Xg: torch.Tensor) -> torch.Tensor:
     """Noise-free space-time covariance of each group (``Xg``: ``b x k x d`` -> ``b x k x k``, float64), the
-    space-time counterpart of the spatial part of :func:`gpcore.models.vecchia.group_covariance`."""
+    space-time kernel of :func:`gpcore.models.vecchia.group_covariance`, which adds the noise."""
     A = Xg[..., mod.space_cols].double() / mod.lengthscale.double()
     d2 = torch.zeros(A.shape[:-1] + A.shape[-2:-1], dtype=torch.float64, device=A.device)
     for j in range(A.shape[-1]):  # direct differences, as the spatial group covariance
@@ -185,17 +185,6 @@ def group_kernel(mod: nn.Module, Xg: torch.Tensor) -> torch.Tensor:
     T = Xg[..., mod.t_col].double() / time_lengthscale(mod).double()
     u2 = (T[..., :, None] - T[..., None, :]).pow(2)
     return _module_sqdist(mod, d2, u2, mod.outputscale.double())
-
-
-def group_covariance(mod: nn.Module, Xg: torch.Tensor, valid: torch.Tensor,
-                     noise: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`gpcore.models.vecchia.group_covariance` with the space-time kernel: :func:`group_kernel` plus the noise
-    (``noise``: ``b x k`` per entry, None = the model's ``s2``); padding entries become identity rows."""
-    s2 = mod.noise.double() if noise is None else noise.double()
-    C = group_kernel(mod, Xg)
-    eye = torch.eye(C.shape[-1], dtype=torch.float64, device=Xg.device)
-    both = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-    return torch.where(both, C + (s2 * eye if s2.dim() == 0 else torch.diag_embed(s2)), eye)
 
 
 def cross_kernel(mod: nn.Module, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:

@@ -53,11 +53,6 @@ def condition_weights(model, Xs: torch.Tensor, ys: torch.Tensor,
     return m_new, 0.5 * (S_new + S_new.T)
 
 
-def lower_factor(S: torch.Tensor) -> torch.Tensor:
-    """Lower Cholesky factor of ``S`` (``r x r``, float64)."""
-    return torch.linalg.cholesky(S)
-
-
 def upper_factor(S: torch.Tensor) -> torch.Tensor:
     """Upper triangular ``U`` with ``U U^T = S`` (the reversed-order Cholesky factor)."""
     P = torch.flip(torch.eye(S.shape[0], dtype=S.dtype, device=S.device), [0])

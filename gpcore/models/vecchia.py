@@ -193,10 +193,11 @@ class _VecchiaRow(torch.autograd.Function):
 def group_covariance(mod: VecchiaModule, Xg: torch.Tensor, valid: torch.Tensor,
                      noise: torch.Tensor | None = None) -> torch.Tensor:
     """Noisy covariance of each group (``b x k x k``, float64; padding entries become identity rows)."""
-    if mod.space_time != "none":  # docs/methods/spacetime.md
-        return st.group_covariance(mod, Xg, valid, noise)
     s2 = mod.noise.double() if noise is None else noise.double()
-    C = group_kernel(mod.kernel_name, Xg, mod.lengthscale, mod.outputscale)  # fused, closed-form backward
+    if mod.space_time != "none":  # docs/methods/spacetime.md (autograd)
+        C = st.group_kernel(mod, Xg)
+    else:
+        C = group_kernel(mod.kernel_name, Xg, mod.lengthscale, mod.outputscale)  # fused, closed-form backward
     C.diagonal(dim1=-2, dim2=-1).add_(s2)
     eye = torch.eye(C.shape[-1], dtype=torch.float64, device=Xg.device)
     both = valid.unsqueeze(-1) & valid.unsqueeze(-2)
