@@ -5,7 +5,7 @@ For each data set (``--data``, as in ``bench_race.py``: the project's seeded 8:1
 
 * ``as fitted``: trained on the training rows, stopped on the validation rows (the default path);
 * ``+ validation (Bayes)``: then the validation rows update ``q(w)`` by Bayes' rule
-  (:func:`gpcore.models.validation.condition_weights`, the ``condition_on_validation`` setting);
+  (:func:`gpcore.models.validation.update_weights`, the ``condition_on_validation`` setting);
 * ``refit``: a second fit on training + validation rows for the number of epochs the first fit's validation chose
   (no early stopping, no validation rows left; DBK without its joint calibration, which needs them).
 
@@ -30,7 +30,7 @@ from _harness import add_race_args, report, smoke_settings, start, stderr
 from bench_race import race_configs, score
 
 from gpcore.models import make_model
-from gpcore.models.validation import condition_weights
+from gpcore.models.validation import update_weights
 from gpcore.run.config import RunConfig
 from gpcore.run.pipeline import prepare
 
@@ -51,8 +51,7 @@ def variants(key: str, cfg: RunConfig, name: str, settings: dict) -> list[dict]:
     t = time.perf_counter()
     m = make_model(name, **base).fit(X[tr], y[tr], X[va], y[va], **wk)
     rows = [scored("as fitted", m, time.perf_counter() - t, len(tr))]
-    ws = m._to_tensor(w[va]) if m.weighted else None
-    m._set_weight_posterior(*condition_weights(m, m.scale_x(X[va]), m.scale_y(y[va]), ws))
+    update_weights(m, X[va], y[va], None if w is None else w[va])
     rows.append(scored("+ validation (Bayes)", m, rows[0]["fit_s"], len(tr)))
     epochs = max(1, int(m.train_info_["best_epoch"]))
     extra = {"joint_calibration": False} if "joint_calibration" in type(m.config).__dataclass_fields__ else {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["condition_weights"]
+__all__ = ["condition_weights", "update_weights", "validation_into_posterior"]
 
 _CHUNK = 4096
 
@@ -61,17 +61,20 @@ def upper_factor(S: torch.Tensor) -> torch.Tensor:
 
 def validation_into_posterior(model, X_val, y_val, val_weights=None) -> None:
     """After training and calibration: with the model's ``condition_on_validation`` setting, put the validation rows
-    into its weight posterior (:func:`condition_weights`, then ``model._set_weight_posterior``)."""
-    from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
-
+    into its weight posterior (:func:`update_weights`)."""
     if (not model.config.condition_on_validation or X_val is None or not len(X_val)
             or model.train_info_.get("cancelled")):
         return
-    Xv = as_2d_float(X_val, "X_val", d=model.d_)
-    yv = as_1d_float(y_val, Xv.shape[0], "y_val")
-    ws = None
-    if model.weighted:
-        ws = model._to_tensor(as_weights(val_weights, Xv.shape[0], "val_weights"))
-    m, S = condition_weights(model, model.scale_x(Xv), model.scale_y(yv), ws)
-    model._set_weight_posterior(m, S)
-    model.train_info_["validation_in_posterior"] = int(Xv.shape[0])
+    update_weights(model, X_val, y_val, val_weights)
+    model.train_info_["validation_in_posterior"] = len(X_val)
+
+
+def update_weights(model, X, y, weights=None) -> None:
+    """Bayes' rule on the fitted ``model``'s weight posterior with the rows ``(X, y)`` (caller units; ``weights`` in a
+    weighted fit): :func:`condition_weights`, then ``model._set_weight_posterior``."""
+    from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
+
+    X = as_2d_float(X, "X", d=model.d_)
+    y = as_1d_float(y, X.shape[0], "y")
+    ws = model._to_tensor(as_weights(weights, X.shape[0], "weights")) if model.weighted else None
+    model._set_weight_posterior(*condition_weights(model, model.scale_x(X), model.scale_y(y), ws))
