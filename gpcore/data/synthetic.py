@@ -11,6 +11,9 @@
   avg_u_kbps, avg_lat_ms, tests, devices, county_metro) whose log10 download speed is
   ``N(mu(lon, lat, quarter), sd(lon, lat)^2)`` with the fields of :func:`ookla_truth`, also stored in the columns
   ``true_mean_log10_mbps`` and ``true_sd_log10_mbps``.
+* :func:`ookla_points` — the same world as plain arrays at any size (millions of places in a second): places
+  drawn as :func:`synthetic_ookla` draws its tiles (dense cities, sparse countryside), kept as they fall, one
+  quarter; for the scale benchmark (``benchmarks/bench_scale.py``).
 
 Everything is a pure function of its arguments and ``seed`` (``numpy.random.default_rng``).
 
@@ -199,6 +202,40 @@ def synthetic_ookla(n: int = 4000, seed: int = 0, bbox=SYNTH_BBOX, quarters=DEFA
             "true_sd_log10_mbps": sd,
         }
     )
+
+
+def ookla_points(n: int, seed: int = 0, bbox=SYNTH_BBOX, quarter_index: int = 0, city_share: float = 0.6):
+    """``n`` places of the synthetic Ookla world and their noisy log10 download speed, vectorised for millions.
+
+    A share ``city_share`` of the places falls around the synthetic cities (:data:`CITIES`, by weight), the rest
+    uniformly in ``bbox``, as in :func:`synthetic_ookla`; a city draw outside the box is replaced by a uniform one.
+    Unlike :func:`synthetic_ookla` the places are not snapped to zoom-16 tiles nor deduplicated, so any ``n`` is
+    possible (the default box holds only about 730,000 zoom-16 tiles, and ``synthetic_ookla`` returns fewer rows
+    than asked once its draws repeat tiles). ``y = mu + sd * eps`` with ``(mu, sd)`` of :func:`ookla_truth` at
+    ``quarter_index``.
+
+    Returns
+    -------
+    X : ndarray of float64, shape (n, 2)
+        ``(lon, lat)`` in ``bbox``.
+    y, mu, sd : ndarray of float64, shape (n,)
+        Noisy log10 Mbps, the true mean and the true noise sd at ``X``.
+
+    >>> X, y, mu, sd = ookla_points(1000, seed=0)
+    >>> X.shape, y.shape, bool((sd >= 0.18).all())
+    ((1000, 2), (1000,), True)
+    """
+    rng = np.random.default_rng(seed)
+    n = int(n)
+    cities = np.asarray(CITIES, dtype=float)
+    which = rng.choice(len(cities), size=n, p=cities[:, 3] / cities[:, 3].sum())
+    uv = cities[which, :2] + rng.standard_normal((n, 2)) * cities[which, 2:3]
+    uniform = (rng.random(n) >= city_share) | (np.abs(uv) > 1).any(axis=1)
+    uv[uniform] = rng.uniform(-1, 1, size=(int(uniform.sum()), 2))
+    lon, lat = from_unit(uv[:, 0], uv[:, 1], bbox)
+    mu, sd = ookla_truth(lon, lat, quarter_index, bbox)
+    y = mu + sd * rng.standard_normal(n)
+    return np.column_stack([lon, lat]), y, mu, sd
 
 
 def write_synthetic_sample(path, n: int = 4000, seed: int = 0) -> None:
