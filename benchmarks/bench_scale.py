@@ -16,7 +16,7 @@ not written), in a fresh process: seconds and peak RSS.
 Bar (issue 22): 1 M points fitted by ``vecchia`` in <= 20 min and by ``dbk-nn`` in <= 30 min on the 2-core CPU VM,
 peak memory <= 8 GB; 10 M grid cells predicted in <= 10 min. Results: docs/benchmarks/scale.md.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_scale.py --out scale.md   # 250k, 500k, 1M; 10M cells (about an hour)
+    OMP_NUM_THREADS=1 python benchmarks/bench_scale.py --out scale.md   # 250k, 500k, 1M; 10M cells (hours)
     python benchmarks/bench_scale.py --sizes 20000,40000 --grid-cells 200000 --models vecchia
     python benchmarks/bench_scale.py --smoke              # 1,500 and 3,000 points, 20,000 cells, tiny models (CI)
 """
