@@ -73,22 +73,23 @@ class DatasetSpec:
 
     # ------------------------------------------------------------------ gpcore
     def run_config(self, model: str | None = None, settings: dict | None = None, **run) -> object:
-        """The :class:`gpcore.run.config.RunConfig` of a run on this data set (``model`` default: DEFAULT_MODEL)."""
+        """The :class:`gpcore.run.config.RunConfig` of a run on this data set (``model`` default: DEFAULT_MODEL);
+        ``run`` holds the other RunConfig fields (a run with time as an input also its own ``quarter`` range)."""
         from gpcore.models import DEFAULT_MODEL
         from gpcore.run.config import RunConfig
 
-        fields = dict(
-            data=self.source if self.sample_key else str(source_path(self.source)),
-            y=self.y,
-            model=model or DEFAULT_MODEL,
-            settings=dict(settings or {}),
-            x=(self.lon, self.lat) if self.lon and self.lat else None,
-            transform=self.transform,
-            quarter=self.quarter,
-            weight=self.weight,
-            strata=self._strata_arg(),
+        fields = {
+            "data": self.source if self.sample_key else str(source_path(self.source)),
+            "y": self.y,
+            "model": model or DEFAULT_MODEL,
+            "settings": dict(settings or {}),
+            "x": (self.lon, self.lat) if self.lon and self.lat else None,
+            "transform": self.transform,
+            "quarter": self.quarter,
+            "weight": self.weight,
+            "strata": self._strata_arg(),
             **run,
-        )
+        }
         if self.time and "time" in RunConfig.__dataclass_fields__:  # needs RunConfig.time (see app/README.md)
             fields["time"] = self.time
         return RunConfig(**fields)

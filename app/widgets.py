@@ -12,8 +12,9 @@ from dataclasses import Field, fields
 
 import streamlit as st
 
-#: Run-level settings drawn elsewhere on the Train page, never as model settings.
-RUN_LEVEL = {"seed"}
+#: Run-level settings drawn elsewhere on the Train page, never as model settings (``space_time``: with "Time as an
+#: input", :mod:`app.train_time`; without t it can only be "none").
+RUN_LEVEL = {"seed", "space_time"}
 
 
 def setting_widget(f: Field, default, key: str, disabled: bool = False):

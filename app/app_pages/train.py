@@ -1,4 +1,5 @@
-"""Train: a model from the registry with its main settings, the split and the seed.
+"""Train: a model from the registry with its main settings, the split and the seed; for a data set with several
+quarters, time as an input (:mod:`app.train_time`).
 
 Training runs in a background thread (:mod:`app.jobs`) over :func:`gpcore.run.pipeline.execute_run`;
 this page polls it with a fragment that redraws the progress bar and the loss / validation-NLL
@@ -12,12 +13,13 @@ import inspect
 import pandas as pd
 import streamlit as st
 
-from app import cache, jobs, navigation, state, widgets
+from app import cache, jobs, navigation, state, train_time, widgets
 from app.modelinfo import training_note
 from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
 
 POLL_SECONDS = 0.7
+SPLIT_NAMES = {"random": "random", "block": "spatial blocks", "forecast": "forecast (later quarters)"}
 
 
 def model_picker() -> str:
@@ -32,20 +34,21 @@ def model_picker() -> str:
     )
 
 
-def start(data: cache.LoadedData, model: str, settings: dict, split: str, block_km: float, seed: int,
-          cell_km: float, label: str) -> None:
+def start(data: cache.LoadedData, model: str, settings: dict, run: dict, time_plan: train_time.TimePlan) -> None:
+    """Build the run's config (``run``: split, block_km, seed, grid_cell_km, label; the time fields of
+    ``time_plan``), check it and its data, and start training in the background."""
     from gpcore.run.pipeline import new_run_id, prepare
     from gpcore.run.store import RunStore
 
+    if time_plan.space_time is not None:
+        settings = {**settings, "space_time": time_plan.space_time}
     try:
-        cfg = data.spec.run_config(
-            model=model, settings=settings, split=split, block_km=block_km, seed=seed,
-            grid_cell_km=cell_km, label=label.strip() or f"{model} · {data.spec.label()}",
-        )
+        cfg = data.spec.run_config(model=model, settings=settings, **{**run, **time_plan.fields})
         from gpcore.models import make_model
 
         make_model(cfg.model, **cfg.model_settings())  # validate settings before starting a thread
-        prepared = prepare(cfg, gdf=data.frame)
+        gdf = data.frame if time_plan.rows is None else data.frame[time_plan.rows]
+        prepared = prepare(cfg, gdf=gdf)
         run_dir = RunStore().new_run_dir(new_run_id(cfg))
     except GPCoreError as exc:
         st.error(md_text(exc))
@@ -132,25 +135,36 @@ def render(data: cache.LoadedData, runs: list) -> None:
     settings = widgets.settings_form(model, main=True)
     with st.expander("More settings"):
         settings.update(widgets.settings_form(model, main=False))
+    choice = train_time.time_controls(data, model)
     st.markdown("**Split, seed and grid**")
     c = st.columns(4)
-    split = c[0].selectbox("Split (8:1:1)", ["random", "block"], key="w_split",
-                           format_func=lambda s: {"random": "random", "block": "spatial blocks"}[s],
+    splits = ["random", "block", "forecast"] if choice else ["random", "block"]
+    split = c[0].selectbox("Split (8:1:1)", splits, key="w_split", format_func=SPLIT_NAMES.get,
                            help="The test split the run's metrics come from. Random: test rows lie between training "
                                 "rows. Spatial blocks: whole squares of the block size are held out, so test rows "
-                                "lie inside gaps (how the intervals do where nothing was measured). Compare shows "
-                                "the two kinds apart.")
+                                "lie inside gaps (how the intervals do where nothing was measured). Forecast (time "
+                                "as an input): tested on the test period, trained on the quarters before it. "
+                                "Compare shows the kinds apart.")
     block_km = c[1].number_input("Block size (km)", min_value=0.5, value=10.0, step=1.0, key="w_block_km",
                                  disabled=split != "block")
     seed = int(c[2].number_input("Seed", min_value=0, value=0, step=1, key="w_seed"))
     cell_km = float(c[3].number_input("Grid cell (km, 0 = auto)", min_value=0.0, value=0.0, step=0.25,
                                       key="w_cell_km", help="Auto gives about 20,000 cells over the region."))
-    label = st.text_input("Run label (optional)", key="w_label", placeholder=f"{model} on {data.spec.label()}")
+    test = None
+    if choice and split == "forecast":
+        test = train_time.test_period_controls(train_time.data_quarters(data), choice[0], choice[1])
+    time_plan = train_time.plan(data, choice, split, test)
+    train_time.plan_note(time_plan)
+    default_label = " · ".join(p for p in (model, data.spec.label(), time_plan.label) if p)
+    label = st.text_input("Run label (optional)", key="w_label", placeholder=default_label)
     st.caption(spec.description)
 
-    if st.button("Train", type="primary", disabled=running, key="w_train",
-                 help="Disabled while a model trains (Cancel is below the progress bar)."):
-        start(data, model, settings, split, block_km, seed, cell_km, label)
+    if st.button("Train", type="primary", disabled=running or time_plan.error is not None, key="w_train",
+                 help="Disabled while a model trains (Cancel is below the progress bar) or while the time settings "
+                      "above need a fix."):
+        run = {"split": split, "block_km": block_km, "seed": seed, "grid_cell_km": cell_km,
+               "label": label.strip() or default_label}
+        start(data, model, settings, run, time_plan)
         state.update(job_selected=False)
         if state.view().job is not job:  # started: redraw at once so the button shows disabled
             st.rerun()

@@ -1,6 +1,7 @@
 """Runs: everything about one trained model on one data set, and the folders that hold them.
 
 * :mod:`gpcore.run.config` — :class:`RunConfig`, the validated settings of a run.
+* :mod:`gpcore.run.timespan` — the quarters of a run with time as an input, as a form picks them (range, test period).
 * :mod:`gpcore.run.rundir` — the run folder's format (the only code that knows its file names): atomic
   writes, the validated manifest ``run.json``, the model, the grid, its cells and the tables.
 * :mod:`gpcore.run.dataset` — the data side as the dashboard shows it: a file's columns, a run's data set.

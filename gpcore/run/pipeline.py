@@ -33,6 +33,7 @@ from gpcore.identity import dataset_identity
 from gpcore.run import rundir
 from gpcore.run.config import RunConfig
 from gpcore.run.predict import grid_predictions, input_columns, quarter_grid_predictions, run_inputs, time_summary
+from gpcore.run.timespan import check_time_rows
 
 # ---------------------------------------------------------------------------------------------
 # data preparation
@@ -142,6 +143,7 @@ def prepare(cfg: RunConfig, gdf=None) -> PreparedData:
     if t is None and (cfg.time_input or cfg.split == "forecast"):
         raise DataError(f"{'--time-input' if cfg.time_input else '--split forecast'} needs a time column (quarters "
                         "like 2023Q1 or dates) and none was found; name it with --time COLUMN")
+    check_time_rows(t, cfg.time_input, cfg.quarter)
     X = gdf[list(input_columns(cfg.time_input))].to_numpy(dtype=np.float64)
     y = tr.forward(gdf[cfg.y].to_numpy(dtype=np.float64))
     strata = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None
