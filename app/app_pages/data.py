@@ -145,7 +145,10 @@ def column_mapping(source: str, active: state.DatasetSpec) -> state.DatasetSpec 
                 default_q = "all"
             q = st.selectbox("Period", periods, index=periods.index(default_q), key=f"w_quarter_{sfx}",
                              help="A year keeps its four quarters; 'all' keeps every record.")
-            quarter = None if q == "all" else q
+            # a bundled sample with a default period (Puerto Rico: 2023) reads only that one without a period, so
+            # "all" is passed on as "all" there; for a file no period already means every record
+            sample_default = SAMPLES[base.sample_key].default_quarter if base.sample_key in SAMPLES else None
+            quarter = (q if sample_default else None) if q == "all" else q
     with c4:
         default_t = base.transform if base.transform in TRANSFORMS else default_transform(ins.profiles.get(y))
         transform = st.selectbox("Target transform", TRANSFORMS, index=TRANSFORMS.index(default_t),

@@ -166,3 +166,20 @@ def test_a_forecast_run_trains_from_the_page_and_gets_the_quarter_slider(st_csv,
     slider = at.select_slider(key="w_quarter")
     assert slider.options == QUARTERS and slider.value == "2020Q4"
     assert "Change" in at.segmented_control(key="w_map_kind").options
+
+
+def test_period_all_of_the_bundled_sample_reads_its_twenty_quarters(empty_store):
+    """Period "all" on the Data page reads every quarter of Puerto Rico (2019Q1-2023Q4), not its default year, so
+    the Train page's time range offers all twenty."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    assert at.selectbox(key="w_quarter_sample:puerto_rico").value == "2023"
+    at.selectbox(key="w_quarter_sample:puerto_rico").select("all").run()
+    at.button(key="w_load_data").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    open_page(at, "train").run()
+    at.toggle(key="w_time_input").set_value(True).run()
+    first = by_label(at, "First quarter").options
+    assert (len(first), first[0], first[-1]) == (20, "2019Q1", "2023Q4")
+    assert any("One model over 2019Q1–2023Q4 (142,803 rows)" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
