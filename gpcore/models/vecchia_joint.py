@@ -48,20 +48,34 @@ class VecchiaJoint:
     """The joint Gaussian of ``f`` at ``n`` new places (standardised units, float64, numpy).
 
     ``order[i]`` is the place that comes ``i``-th in the prediction ordering; ``U`` (``n x n`` CSR, unit lower
-    triangular) and ``d`` (``(n,)``) are in that ordering; ``mean`` (``(n,)``, ``f``'s mean including ``mu0``) and
-    ``Q`` (``n x p``, or ``None`` without a low-rank part) are in the caller's order; ``F`` is ``p x q``.
+    triangular) and ``d`` (``(n,)``) are in that ordering; ``mean`` (``(n,)``, ``f``'s mean including ``mu0``) is in
+    the caller's order. A low-rank part (``dbk-nn``) is ``F`` (``p x q``) with ``Phi`` (``n x p``, ``a Phi_P``, caller
+    order) and ``BPhi`` (``n x p``, ``B a Phi_T``, ordering space); ``Q = Phi - U^{-1} BPhi`` (caller order) is solved
+    for only when samples or a dense covariance need it: an areal variance uses ``W^T Q = W^T Phi - (U^{-T} W)^T
+    BPhi``, which reuses the transposed solve of the Vecchia part instead of ``p`` more solves.
     """
 
     order: np.ndarray
     U: sp.csr_matrix
     d: np.ndarray
     mean: np.ndarray
-    Q: np.ndarray | None = None
     F: np.ndarray | None = None
+    Phi: np.ndarray | None = None
+    BPhi: np.ndarray | None = None
 
     @property
     def n(self) -> int:
         return int(self.mean.shape[0])
+
+    @property
+    def Q(self) -> np.ndarray | None:
+        """``Q = a Phi_P - U^{-1} B a Phi_T`` (``n x p``, caller order; ``None`` without a low-rank part), solved
+        once and kept."""
+        if self.F is None:
+            return None
+        if getattr(self, "_Q", None) is None:
+            self._Q = self.Phi - self._to_caller(self._solve(self.BPhi))
+        return self._Q
 
     def _solve(self, R: np.ndarray) -> np.ndarray:
         """``U^{-1} R`` (``n x s``, ordering space)."""
@@ -93,8 +107,9 @@ class VecchiaJoint:
         Wo = W[self.order].toarray()
         Z = self._solve_t(Wo)  # U^{-T} W
         var = (Z * Z * self.d[:, None]).sum(0)
-        if self.Q is not None:
-            V = self.F.T @ np.asarray(W.T @ self.Q).T  # q x G
+        if self.F is not None:
+            WQ = np.asarray(W.T @ self.Phi) - Z.T @ self.BPhi  # W^T Q without solving for Q
+            V = self.F.T @ WQ.T  # q x G
             var = var + (V**2).sum(0)
         return np.asarray(mean).ravel(), np.maximum(var, 0.0)
 
@@ -190,8 +205,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     if lowrank is not None:
         _, phi_p, w_hat, F = lowrank
         Phi_P = phi_p(Xs).cpu().numpy()  # a Phi at the new places, caller order
-        Q = Phi_P - joint._to_caller(joint._solve(BPhi.cpu().numpy()))
-        joint.Q, joint.F = Q, F.cpu().numpy()
+        joint.Phi, joint.BPhi, joint.F = Phi_P, BPhi.cpu().numpy(), F.cpu().numpy()  # Q on demand (VecchiaJoint.Q)
         mean = mean + Phi_P @ w_hat.cpu().numpy()
     joint.mean = mean
     return joint
