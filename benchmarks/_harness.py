@@ -3,7 +3,11 @@ from the command line, one gpcore fit + prediction timed, and where the shared d
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,3 +131,47 @@ def report(header: str, md: str, table, out: str | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{header}\n\n{md}\n")
         table.to_csv(path.with_suffix(".csv"), index=False)
+
+
+def machine() -> str:
+    """Platform, CPU model and count, e.g. ``Linux-6.1-x86_64, AMD EPYC 7B13, 2 CPUs, no GPU``."""
+    import torch
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{platform.platform()}, {cpu}, {os.cpu_count()} CPUs{gpu}"
+
+
+def git_commit() -> str:
+    """Short commit of the checkout, ``+ local changes`` when tracked files differ from it."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode:
+        return "unknown (not a git checkout)"
+    dirty = git("diff", "--quiet", "HEAD").returncode != 0
+    return head.stdout.strip() + (" + local changes" if dirty else "")
+
+
+def command_line() -> str:
+    """The command as typed, with the thread settings of the environment in front."""
+    env = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ]
+    return " ".join([*env, "python", *map(shlex.quote, sys.argv)])
+
+
+def stamp(seconds: float | None = None) -> str:
+    """The date / commit / machine / command lines every benchmark report starts with (markdown bullets)."""
+    import torch
+
+    took = f" ({seconds:.0f} s in all)" if seconds is not None else ""
+    return (f"- date: {datetime.date.today().isoformat()}; commit: {git_commit()}\n"
+            f"- machine: {machine()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n"
+            f"- command: `{command_line()}`{took}")

@@ -171,3 +171,52 @@ def evaluate_weight_bins(mean, var_y, y, weights, name: str = "weight", level: f
 def coverage_se(n: int, level: float = 0.95) -> float:
     """Binomial standard error of an observed coverage over ``n`` points at nominal ``level``."""
     return math.sqrt(level * (1.0 - level) / max(int(n), 1))
+
+
+def reliability(p, event, bins: int = 10, groups=None) -> pd.DataFrame:
+    """Reliability of forecast probabilities ``p`` of binary ``event`` (0/1 or bool) in ``bins`` equal-width bins of
+    ``[0, 1]`` (the last one closed), one row per non-empty bin: ``lo``, ``hi``, ``n``, ``p_mean`` (mean forecast),
+    ``observed`` (frequency of the event), ``se`` and ``z = (observed - p_mean) / se``.
+
+    ``se = sqrt(sum_i p_i (1 - p_i)) / n`` is the standard error of the observed frequency if the forecasts are
+    calibrated and the events independent, so ``|z| <= 2`` is "within two binomial SEs". With ``groups`` (one label
+    per forecast, e.g. the independent draw a row belongs to) also ``se_groups = sqrt(sum_g r_g^2) / n``, ``r_g`` the
+    sum of ``event - p`` over the bin's rows of group ``g``, and ``z_groups``: the cluster-robust SE, which stays
+    right when events within a group are correlated (rows of one random field) but groups are independent.
+
+    >>> reliability([0.05, 0.05, 0.95, 0.95], [0, 0, 1, 1], bins=2)[["lo", "n", "observed"]].values.tolist()
+    [[0.0, 2.0, 0.0], [0.5, 2.0, 1.0]]
+    """
+    p, e = _arrays(p, event)
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    if bad := int(np.sum(~((p >= 0) & (p <= 1)))):
+        raise ValueError(f"probabilities must lie in [0, 1]; {bad} of {p.size} do not (NaN or outside)")
+    g = None
+    if groups is not None:
+        g = np.asarray(groups).reshape(-1)
+        if g.shape[0] != p.shape[0]:
+            raise ValueError(f"groups has {g.shape[0]} labels but there are {p.shape[0]} probabilities")
+        g = np.unique(g, return_inverse=True)[1].reshape(-1)
+
+    def z_of(obs, pm, se):
+        return (obs - pm) / se if se > 0 else (0.0 if obs == pm else math.copysign(math.inf, obs - pm))
+
+    k = np.minimum((p * bins).astype(int), bins - 1)
+    rows = []
+    for b in range(bins):
+        sel = k == b
+        n = int(sel.sum())
+        if not n:
+            continue
+        pm, obs = float(p[sel].mean()), float(e[sel].mean())
+        se = math.sqrt(float(np.sum(p[sel] * (1.0 - p[sel])))) / n
+        row = {"lo": b / bins, "hi": (b + 1) / bins, "n": n, "p_mean": pm, "observed": obs, "se": se,
+               "z": z_of(obs, pm, se)}
+        if g is not None:
+            r = np.bincount(g[sel], weights=e[sel] - p[sel])
+            row["se_groups"] = math.sqrt(float(np.sum(r**2))) / n
+            row["z_groups"] = z_of(obs, pm, row["se_groups"])
+        rows.append(row)
+    cols = ["lo", "hi", "n", "p_mean", "observed", "se", "z"] + (["se_groups", "z_groups"] if g is not None else [])
+    return pd.DataFrame(rows, columns=cols)

@@ -63,6 +63,13 @@ def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK) -> tuple[
     return mean, np.maximum(var, 0.0)
 
 
+def p_increase(mean, var) -> np.ndarray:
+    """``P(D > 0) = Phi(mean / sd)`` of a Gaussian change with ``mean`` and variance ``var`` (shapes ``(n,)``); where
+    ``var = 0`` the sign of ``mean`` decides (1/2 when ``mean = 0``)."""
+    mean, sd = np.asarray(mean, dtype=np.float64), np.sqrt(np.asarray(var, dtype=np.float64))
+    return np.where(sd > 0, norm.cdf(mean / np.where(sd > 0, sd, 1.0)), 0.5 + 0.5 * np.sign(mean))
+
+
 @dataclass
 class ChangeResult:
     """A change table (:data:`COLUMNS`) and what its numbers are."""
@@ -84,7 +91,7 @@ def change_table(model, cells, t1: float, t2: float, level: float = 0.95, chunk:
     mean, var = change_moments(model, X, t1, t2, chunk)
     sd = np.sqrt(var)
     z = float(norm.ppf(0.5 + level / 2))
-    p = np.where(sd > 0, norm.cdf(mean / np.where(sd > 0, sd, 1.0)), 0.5 + 0.5 * np.sign(mean))
+    p = p_increase(mean, var)
     ids = cells["cell_id"].to_numpy() if "cell_id" in cells.columns else np.arange(len(X))
     return pd.DataFrame({"cell_id": ids, "lon": X[:, 0], "lat": X[:, 1], "change_mean": mean, "change_sd": sd,
                          "change_lo": mean - z * sd, "change_hi": mean + z * sd, "p_increase": p})

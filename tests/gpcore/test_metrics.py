@@ -152,3 +152,45 @@ def test_heaton_scores_are_the_single_metrics():
     assert h == {"mae": M.mae(mean, y), "rmspe": M.rmse(mean, y), "crps": M.crps(mean, var, y),
                  "interval_score": M.interval_score(mean, var, y), "coverage": M.coverage(mean, var, y)}
     assert M.rmspe(mean, y) == pytest.approx(np.sqrt(np.mean((y - mean) ** 2)), rel=1e-12)
+
+
+def test_reliability_by_hand():
+    p = [0.05, 0.15, 0.15, 0.95, 1.0]  # 1.0 falls in the last (closed) bin
+    rel = M.reliability(p, [0, 1, 0, 1, 1])
+    assert rel["lo"].tolist() == pytest.approx([0.0, 0.1, 0.9]) and rel["n"].tolist() == [1, 2, 2]
+    np.testing.assert_allclose(rel["p_mean"], [0.05, 0.15, 0.975])
+    np.testing.assert_allclose(rel["observed"], [0.0, 0.5, 1.0])
+    se = np.array([np.sqrt(0.05 * 0.95), np.sqrt(2 * 0.15 * 0.85) / 2, np.sqrt(0.95 * 0.05) / 2])
+    np.testing.assert_allclose(rel["se"], se)
+    np.testing.assert_allclose(rel["z"], (rel["observed"] - rel["p_mean"]) / se)
+    assert "se_groups" not in rel.columns
+    assert M.reliability([0.0, 0.0], [0, 0])["z"].tolist() == [0.0]  # se = 0 and no miss: z = 0
+    assert M.reliability([0.0, 0.0], [0, 1])["z"].tolist() == [np.inf]
+
+
+def test_reliability_calibrated_miscalibrated_and_by_group():
+    rng = np.random.default_rng(6)
+    p = rng.uniform(size=100_000)
+    calibrated = M.reliability(p, rng.uniform(size=p.size) < p)
+    assert len(calibrated) == 10 and calibrated["z"].abs().max() < 3.5
+    overconfident = M.reliability(p, rng.uniform(size=p.size) < 0.5 + 0.8 * (p - 0.5))
+    assert (overconfident["z"].abs() > 5).sum() >= 6
+    # 40 fields of 100 cells each, P = 0.5 everywhere, one shared outcome per field (24 of 40 rose): the binomial
+    # SE treats the 4,000 cells as independent, the SE by group sees 40 draws
+    g = np.repeat(np.arange(40), 100)
+    rel = M.reliability(np.full(4000, 0.5), np.repeat(np.arange(40) < 24, 100), groups=g)
+    assert rel["observed"].item() == pytest.approx(0.6)
+    assert rel["se"].item() == pytest.approx(0.5 / np.sqrt(4000))
+    assert rel["se_groups"].item() == pytest.approx(np.sqrt(40 * 50.0**2) / 4000)
+    assert rel["z"].item() > 12 and rel["z_groups"].item() == pytest.approx(0.1 / (np.sqrt(40) * 50 / 4000))
+
+
+def test_reliability_input_errors():
+    with pytest.raises(ValueError, match="lie in"):
+        M.reliability([0.2, 1.2, np.nan], [0, 1, 1])
+    with pytest.raises(ValueError, match="equal length"):
+        M.reliability([0.2, 0.3], [0])
+    with pytest.raises(ValueError, match="groups has 1 labels"):
+        M.reliability([0.2, 0.3], [0, 1], groups=["a"])
+    with pytest.raises(ValueError, match="bins"):
+        M.reliability([0.2], [0], bins=0)

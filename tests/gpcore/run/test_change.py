@@ -1,8 +1,9 @@
 """The change posterior (gpcore/run/change.py, docs/methods/spacetime.md "The change posterior") against a dense
-float64 oracle built in numpy from the model's own prior kernel, noise and mean: with every point conditioning on
-all its predecessors (m = n - 1) the chunked joint change variance equals the exact GP's
-var(f(x, t2) - f(x, t1)) = v1 + v2 - 2 c12, the mean its mean difference, and p_increase = Phi(mean / sd); the
-independent-marginals variance v1 + v2 is not it."""
+float64 oracle built in numpy from the model's own prior kernel, noise and mean (for dbk-nn the kernel
+a^2 phi phi^T + k_r, its features kept): with every point conditioning on all its predecessors (m = n - 1) the
+chunked joint change variance equals the exact GP's var(f(x, t2) - f(x, t1)) = v1 + v2 - 2 c12, the mean its mean
+difference, and p_increase = Phi(mean / sd); the independent-marginals variance v1 + v2 is not it. Calibration of
+P(change > 0) on drawn fields: benchmarks/bench_change.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from scipy.stats import norm
 
 from gpcore import make_model
-from gpcore.run.change import change_moments, change_table
+from gpcore.run.change import change_moments, change_table, p_increase
 
 QUARTERS = 2019.125 + 0.25 * np.arange(4)
 
@@ -30,15 +31,25 @@ def _cells(n=23, seed=7):
     return np.column_stack([rng.uniform(-67.3, -65.5, n), rng.uniform(17.85, 18.55, n)])
 
 
-def _fit(kind: str):
+#: dbk-nn with a tiny feature network that is kept (its joint posterior has the low-rank feature part)
+DBK_SMALL = {"dbk_rank": 8, "dbk_hidden": 8, "dbk_blocks": 1, "dbk_epochs": 2, "dbk_batch_size": 32,
+             "feature_check": False}
+
+
+def _fit(kind: str, name: str = "vecchia"):
     X, y = _data()
     n = len(y)
-    model = make_model("vecchia", space_time=kind, dtype="float64", device="cpu", epochs=1, neighbors=n - 1,
-                       pred_neighbors=n, joint_neighbors=400).fit(X, y)
+    extra = DBK_SMALL if name == "dbk-nn" else {}
+    model = make_model(name, space_time=kind, dtype="float64", device="cpu", epochs=1, neighbors=n - 1,
+                       pred_neighbors=n, joint_neighbors=400, **extra).fit(X, y)
     with torch.no_grad():  # hyperparameters away from their initial values
         model.module_.raw_ell_t.fill_(2.0)  # ell_t ~ 0.8 years: quarters correlated
         model.module_.raw_noise.fill_(-2.0)
+        if name == "dbk-nn":
+            model.module_.raw_fscale.fill_(0.8)
     model.finalize(model.scale_x(X), model.scale_y(y))
+    if name == "dbk-nn":
+        assert model.module_.features_on
     return model, X, y
 
 
@@ -54,10 +65,11 @@ def _dense_change(model, X, y, cells, t1, t2):
     return mean[c:] - mean[:c], v1 + v2 - 2 * c12, v1 + v2
 
 
-@pytest.mark.parametrize("kind", ["separable", "gneiting"])
+@pytest.mark.parametrize(("name", "kind"), [("vecchia", "separable"), ("vecchia", "gneiting"),
+                                           ("dbk-nn", "separable")])
 @pytest.mark.parametrize("chunk", [4, 256])
-def test_change_variance_is_the_dense_joint_one_at_m_n_minus_1(kind, chunk):
-    model, X, y = _fit(kind)
+def test_change_variance_is_the_dense_joint_one_at_m_n_minus_1(name, kind, chunk):
+    model, X, y = _fit(kind, name)
     cells = _cells()
     t1, t2 = 2019.375, 2020.125  # 2019Q2 -> 2020Q1: the later one beyond the data
     mean, var = change_moments(model, cells, t1, t2, chunk=chunk)
@@ -82,3 +94,8 @@ def test_table_columns_interval_and_p_increase():
     np.testing.assert_allclose(t["change_mean"] - t["change_lo"], norm.ppf(0.95) * t["change_sd"])
     same = change_table(model, frame, 2019.125, 2019.125)
     assert np.allclose(same["change_mean"], 0) and np.allclose(same["change_sd"], 0, atol=1e-6)
+
+
+def test_p_increase_is_phi_of_mean_over_sd_and_the_sign_at_zero_variance():
+    np.testing.assert_allclose(p_increase([0.1, -0.3, 0.0], [0.01, 0.09, 4.0]), norm.cdf([1.0, -1.0, 0.0]))
+    assert p_increase([2.0, -1e-9, 0.0], [0.0, 0.0, 0.0]).tolist() == [1.0, 0.0, 0.5]
