@@ -73,6 +73,7 @@ import torch
 from torch import nn
 
 from gpcore.comm import count_once, own_chunks, reduce_stats_, splits_terms
+from gpcore.models import spacetime as st
 from gpcore.models import training
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
@@ -247,8 +248,9 @@ class DBKNN(VecchiaGP):
         valid = G >= 0
         Gc = G.clamp_min(0)
         zero = torch.zeros((), dtype=torch.float64, device=G.device)
-        z = torch.where(valid, mod.y_train.double()[Gc] - mod.mu0.double(), zero)
-        ell = vecchia_rows(mod, mod.X_train[Gc], valid, self._group_noise(Gc, ws))  # zero at padding entries
+        Xg = mod.X_train[Gc]
+        z = torch.where(valid, mod.y_train.double()[Gc] - st.prior_mean(mod, Xg), zero)
+        ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))  # zero at padding entries
         U = mod.fscale.double() * torch.einsum("bk,bkp->bp", ell, Phi[Gc])
         return U, (ell * z).sum(-1), -2.0 * torch.log(ell[:, -1])
 
@@ -376,7 +378,7 @@ class DBKNN(VecchiaGP):
         mod = self.module_
         fresh = VecchiaModule(Xs.shape[1], self.config, 0)  # vecchia's initial values (no data buffers)
         with torch.no_grad():
-            for name in ("raw_outputscale", "raw_noise", "mu0"):
+            for name in ("raw_outputscale", "raw_noise", "mu0", *(("trend",) if hasattr(mod, "trend") else ())):
                 getattr(mod, name).copy_(getattr(fresh, name))
             self._init_lengthscale(mod)  # the data-dependent one
             if hasattr(mod, "raw_nugget"):  # weighted: the nugget starts as a fresh weighted fit's does
@@ -416,7 +418,7 @@ class DBKNN(VecchiaGP):
         if not mod.features_on:  # a = 0: w keeps its prior, the residuals are y - mu0
             mod.post_m.zero_()
             mod.post_F.copy_(eye.to(mod.post_F.dtype))
-            mod.e_train.copy_((mod.y_train.double() - mod.mu0.double()).to(mod.e_train.dtype))
+            mod.e_train.copy_((mod.y_train.double() - st.prior_mean(mod, mod.X_train)).to(mod.e_train.dtype))
             return
         Phi = self._phi_train()
         S, c, _, _ = self._stats(Phi, ws)
@@ -424,7 +426,7 @@ class DBKNN(VecchiaGP):
         w_hat = torch.cholesky_solve(c.unsqueeze(-1), LM).squeeze(-1)
         mod.post_m.copy_(w_hat.to(mod.post_m.dtype))
         mod.post_F.copy_(torch.linalg.solve_triangular(LM, eye, upper=False).T.to(mod.post_F.dtype))
-        e = mod.y_train.double() - mod.mu0.double() - mod.fscale.double() * (Phi @ w_hat)
+        e = mod.y_train.double() - st.prior_mean(mod, mod.X_train) - mod.fscale.double() * (Phi @ w_hat)
         mod.e_train.copy_(e.to(mod.e_train.dtype))
 
     def _predict_f(self, xb):
@@ -448,7 +450,7 @@ class DBKNN(VecchiaGP):
             l_row = L[:, -1, :-1]
             t = torch.linalg.solve_triangular(L[:, :-1, :-1].transpose(-1, -2), l_row.unsqueeze(-1),
                                               upper=True).squeeze(-1)  # C_NN^{-1} k_Nx
-            means.append(mod.mu0.double() + a * (phi @ w_hat) + (t * e_tr[N]).sum(-1))
+            means.append(st.prior_mean(mod, x) + a * (phi @ w_hat) + (t * e_tr[N]).sum(-1))
             q = a * (phi - torch.einsum("bk,bkp->bp", t, Phi[N]))
             vars_.append((q @ F).pow(2).sum(-1) + mod.outputscale.double() - l_row.pow(2).sum(-1))
         dt = mod.raw_noise.dtype

@@ -8,6 +8,7 @@ depend on the data (inducing points, neighbour sets) are resized on load (:func:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -54,6 +55,10 @@ def save_model(model, path) -> Path:
     return path
 
 
+#: settings added after models were first saved, with the value that reproduces a model saved without them
+LEGACY_SETTINGS = {"time_trend": False}  # space-time prior mean: constant before the trend existed
+
+
 def load_model(path, device: str | None = None):
     """Load a model saved by :meth:`GPModel.save`. Reads JSON and safetensors only (no pickle).
 
@@ -74,7 +79,8 @@ def load_model(path, device: str | None = None):
         raise InputError(f"'{meta_path}' is not a gpcore model file")
     _check_saved_meta(meta, meta_path)
     spec = model_spec(meta["model"])
-    cfg = dict(meta["config"])
+    known = {f.name for f in dataclasses.fields(spec.cls.Config)}
+    cfg = {**{k: v for k, v in LEGACY_SETTINGS.items() if k in known and k not in meta["config"]}, **meta["config"]}
     if device is not None:
         cfg["device"] = device
     model = spec.cls(**cfg)

@@ -43,7 +43,7 @@ SPACE_TIME = ("none", "separable", "gneiting")
 TIME_KERNELS = ("matern12", "matern32")
 
 __all__ = ["SPACE_TIME", "TIME_KERNELS", "SpaceTimeConfig", "add_params", "cross_kernel", "gneiting_psi",
-           "group_kernel", "init_hypers", "metric_coords", "order_coords", "spacetime_sqdist",
+           "group_kernel", "init_hypers", "metric_coords", "order_coords", "prior_mean", "spacetime_sqdist",
            "spatial_radius", "time_correlation",
            "time_lengthscale_years"]
 
@@ -65,6 +65,8 @@ class SpaceTimeConfig(BaseConfig):
                                     min=0.0, max=1.0, min_inclusive=False)
     gneiting_beta_init: float = setting(0.5, help="Gneiting: initial space-time interaction beta (learned in (0, 1))",
                                         min=0.0, max=0.999, min_inclusive=False)
+    time_trend: bool = setting(True, help="space-time: a linear trend in t in the prior mean, mu0 + b t, b learned "
+                                          "with mu0 (a forecast follows it instead of reverting to the average)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,6 +99,16 @@ def add_params(mod: nn.Module, d: int, cfg) -> None:
     if mod.space_time == "gneiting":
         mod.raw_beta = nn.Parameter(torch.tensor(_logit(mod.beta_init)))
     mod.register_buffer("st_ell0", torch.ones(2, dtype=torch.float64))
+    if getattr(cfg, "time_trend", False):
+        mod.trend = nn.Parameter(torch.zeros(()), requires_grad=getattr(cfg, "learn_mean", True))
+
+
+def prior_mean(mod: nn.Module, X: torch.Tensor) -> torch.Tensor:
+    """The prior mean at scaled inputs ``X`` (``... x d``), float64: ``mu0``, plus ``b t`` (``t`` the scaled time
+    column) for a space-time module with ``time_trend``; shape ``()`` without a trend, else ``X.shape[:-1]``."""
+    mu0 = mod.mu0.double()
+    trend = getattr(mod, "trend", None)
+    return mu0 if trend is None else mu0 + trend.double() * X[..., mod.t_col].double()
 
 
 def time_lengthscale(mod: nn.Module) -> torch.Tensor:

@@ -16,15 +16,11 @@ one ``(m+1) x (m+1)`` Cholesky of the joint covariance of ``[y_N, y_i]``: with `
 fewer than ``m`` predecessors are padded with identity rows that contribute nothing. All of it runs
 batched in float64 (``chunk_size`` points per batched Cholesky), on the model's device.
 
-Ordering (``ordering``): ``maxmin`` (default) is the exact max-min distance ordering (Guinness
-2018): start at the point nearest the centroid, then always take the point farthest from all points
-taken so far (ties: lowest index). It is computed exactly with a KD-tree and a lazy max-heap: after
-taking a point at distance ``r`` only points within ``r`` of it can get closer, so each step updates
-one ball query (about ``O(n log n)`` work on spread-out data). ``coord`` sorts by the first scaled
-coordinate (the coordinate ordering of spNNGP / GPBoost). Neighbour sets are exact ``m``-nearest
-predecessors: brute force for the first points, then KD-tree queries of growing ``k`` filtered to
-predecessors. Ordering and neighbours are computed once per fit on the scaled inputs (they do not
-follow the learned ARD lengthscales). Space-time inputs (lon, lat, t): docs/methods/spacetime.md (``space_time``).
+Ordering (``ordering``): ``maxmin`` (default), the exact max-min distance ordering (Guinness 2018), or ``coord``
+(the first scaled coordinate, as spNNGP / GPBoost); neighbour sets are the exact ``m`` nearest predecessors
+(:mod:`gpcore.models.neighbors`; docs/methods/vecchia.md, "Ordering and neighbours"). Both are computed once per
+fit on the scaled inputs (they do not follow the learned ARD lengthscales). Space-time inputs (lon, lat, t), whose
+prior mean may carry a time trend: docs/methods/spacetime.md (``space_time``, ``time_trend``).
 
 Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's optimiser on the full
 Vecchia likelihood through :mod:`gpcore.models.training` (``full_batch``: one step per epoch, early stopping on
@@ -280,9 +276,10 @@ class VecchiaGP(GPModel):
         G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)  # b x (m+1), last = the point
         valid = G >= 0
         Gc = G.clamp_min(0)
-        z = torch.where(valid, mod.y_train.double()[Gc] - mod.mu0.double(), torch.zeros((), dtype=torch.float64,
-                                                                                           device=G.device))
-        ell = vecchia_rows(mod, mod.X_train[Gc], valid, self._group_noise(Gc, ws))
+        Xg = mod.X_train[Gc]
+        z = torch.where(valid, mod.y_train.double()[Gc] - st.prior_mean(mod, Xg), torch.zeros((), dtype=torch.float64,
+                                                                                                device=G.device))
+        ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))
         u = (ell * z).sum(-1)  # (z_i - A z_N) / sqrt(D)
         return -0.5 * LOG_2PI + torch.log(ell[:, -1]) - 0.5 * u.pow(2)
 
@@ -431,14 +428,14 @@ class VecchiaGP(GPModel):
             N = idx[i : i + cs]
             x = xb[i : i + cs].double()
             XN = mod.X_train[N].double()
-            z = mod.y_train.double()[N] - mod.mu0.double()
+            z = mod.y_train.double()[N] - st.prior_mean(mod, XN)
             valid = torch.ones(N.shape[0], k + 1, dtype=torch.bool, device=xb.device)
             Xg = torch.cat([XN, x[:, None, :]], dim=1)
             zg = torch.cat([z, torch.zeros_like(z[:, :1])], dim=1)
             L, v = _conditional_terms(mod, Xg, zg, valid, self._prediction_noise(N))
             # last row of L: [l^T, L_mm] with l = L_NN^{-1} k_Nx and L_mm^2 = k_xx + s2 - |l|^2
             l_row = L[:, -1, :-1]
-            means.append(mod.mu0.double() + (l_row * v[:, :-1]).sum(-1))
+            means.append(st.prior_mean(mod, x) + (l_row * v[:, :-1]).sum(-1))
             vars_.append(mod.outputscale.double() - l_row.pow(2).sum(-1))
         dt = mod.raw_noise.dtype
         return torch.cat(means).to(dt), torch.cat(vars_).to(dt)
@@ -451,10 +448,16 @@ class VecchiaGP(GPModel):
         return self.module_.outputscale.expand(xb.shape[0])
 
     def _feature_form(self):
-        raise InputError(
-            f"{type(self).__name__} has no feature form: its joint posterior is the joint Vecchia prediction "
-            "(gpcore.posterior.joint_posterior)"
-        )
+        raise InputError(f"{type(self).__name__} has no feature form: its joint posterior is the joint Vecchia "
+                         "prediction (gpcore.posterior.joint_posterior)")
+
+    def prior_mean_at(self, X) -> np.ndarray:
+        """The prior mean at ``X`` (``m x d``) in the caller's units: ``prior_mean``, plus ``b t`` for a space-time
+        model with ``time_trend`` (docs/methods/spacetime.md)."""
+        self._check_fitted()
+        with torch.no_grad():
+            mu = st.prior_mean(self.module_, self.scale_x(as_2d_float(X, "X", d=self.d_)))
+            return self.y_mean_ + self.y_std_ * np.broadcast_to(mu.cpu().numpy(), (len(X),)).copy()
 
     # ---------------------------------------------------------------- joint posterior (vecchia_joint)
     def joint_s(self, Xs: torch.Tensor, m_pred: int | None = None):
@@ -475,8 +478,9 @@ class VecchiaGP(GPModel):
         return joint
 
     def _joint_residuals(self) -> torch.Tensor:
-        """The training residuals the new places condition on: ``y - mu0`` (ordered training points)."""
-        return self.module_.y_train.double() - self.module_.mu0.double()
+        """The training residuals the new places condition on: ``y - mu0`` (ordered training points; ``mu0 + b t``
+        with a time trend)."""
+        return self.module_.y_train.double() - st.prior_mean(self.module_, self.module_.X_train)
 
     def _joint_lowrank(self):
         """``(a Phi_T, x -> a phi(x), w_hat, F)`` of a low-rank part (dbk-nn), None for the Vecchia GP."""

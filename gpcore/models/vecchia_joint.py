@@ -147,7 +147,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`).
     """
     from gpcore.models.neighbors import maxmin_order, ordered_neighbors
-    from gpcore.models.spacetime import metric_coords  # space-time: the scaled metric (docs/methods/spacetime.md)
+    from gpcore.models.spacetime import metric_coords, prior_mean  # space-time: docs/methods/spacetime.md
 
     mod = model.module_
     cfg = model.config
@@ -201,7 +201,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     U.sum_duplicates()
     joint = VecchiaJoint(order, U, d.cpu().numpy(), np.zeros(n))
     g = joint._to_caller(joint._solve(c.cpu().numpy()[:, None]))[:, 0]
-    mean = float(mod.mu0.detach()) + g
+    mean = prior_mean(mod, Xs).detach().cpu().numpy() + g  # mu0 (+ b t with a time trend)
     if lowrank is not None:
         _, phi_p, w_hat, F = lowrank
         Phi_P = phi_p(Xs).cpu().numpy()  # a Phi at the new places, caller order

@@ -52,6 +52,8 @@ def _set_hypers(model, beta_raw=0.4):
             mod.raw_ell_t.fill_(-0.3)
         if hasattr(mod, "raw_beta"):
             mod.raw_beta.fill_(beta_raw)
+        if hasattr(mod, "trend"):  # the prior mean's time trend b: mu0 + b t
+            mod.trend.fill_(0.25)
 
 
 def _fit(X, y, kind, *, name="vecchia", full=True, **kw):
@@ -119,15 +121,16 @@ def _prior(model, X1, X2):
 
 
 def _dense(model, X, y, Xt):
-    """Exact GP: log N(y; mu0, K + s2 I), predictive mean, latent variance and covariance at ``Xt``."""
+    """Exact GP: log N(y; mu, K + s2 I) with the prior mean ``mu = mu0 + b t`` (time trend), predictive mean, latent
+    variance and covariance at ``Xt``."""
     n = X.shape[0]
     K = _prior(model, X, X) + model.noise_variance * np.eye(n)
     Ks, Kss = _prior(model, Xt, X), _prior(model, Xt, Xt)
-    mu0 = model.prior_mean
+    mu, mut = model.prior_mean_at(X), model.prior_mean_at(Xt)
     c = cho_factor(K, lower=True)
     cov = Kss - Ks @ cho_solve(c, Ks.T)
-    ll = multivariate_normal.logpdf(y, mean=np.full(n, mu0), cov=K)
-    return ll, mu0 + Ks @ cho_solve(c, y - mu0), np.diag(cov).copy(), cov
+    ll = multivariate_normal.logpdf(y, mean=mu, cov=K)
+    return ll, mut + Ks @ cho_solve(c, y - mu), np.diag(cov).copy(), cov
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -246,6 +249,8 @@ def test_one_quarter_reduces_to_the_spatial_model(kind):
     np.testing.assert_allclose(init_st.detach().numpy(), init_sp.detach().numpy(), rtol=1e-12)
     for m in (st_model, sp_model):
         _set_hypers(m)
+    with torch.no_grad():  # one quarter: the trend's b t is one constant, which the spatial model's mu0 holds
+        b.mu0.add_(a.trend * st_model.scale_x(X)[0, 2])
     st_model.finalize(st_model.scale_x(X), st_model.scale_y(y))
     sp_model.finalize(sp_model.scale_x(X[:, :2]), sp_model.scale_y(y))
     assert st_model.log_likelihood().item() == pytest.approx(sp_model.log_likelihood().item(), rel=1e-12)
@@ -355,12 +360,12 @@ def test_dbknn_residual_takes_the_space_time_kernel(kind):
     K = a2 * phi @ phi.T + _np_cov(model, X, X) + model.noise_variance * np.eye(n)
     Ks = a2 * phit @ phi.T + _np_cov(model, Xt, X)
     kss = a2 * (phit**2).sum(1) + _caller_hypers(model)[2]
-    mu0 = model.prior_mean
+    mu, mut = model.prior_mean_at(X), model.prior_mean_at(Xt)  # mu0 + b t
     ll = model.log_likelihood().item() - n * np.log(model.y_std_)
-    assert ll == pytest.approx(multivariate_normal.logpdf(y, mean=np.full(n, mu0), cov=K), rel=1e-9)
+    assert ll == pytest.approx(multivariate_normal.logpdf(y, mean=mu, cov=K), rel=1e-9)
     c = cho_factor(K, lower=True)
     p = model.predict(Xt)
-    np.testing.assert_allclose(p.mean, mu0 + Ks @ cho_solve(c, y - mu0), rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(p.mean, mut + Ks @ cho_solve(c, y - mu), rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(p.var_f, kss - np.einsum("ij,ji->i", Ks, cho_solve(c, Ks.T)), rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(model.kernel(Xt, X), Ks, rtol=1e-7, atol=1e-10)
 
@@ -384,3 +389,52 @@ def test_validation_rows_join_the_space_time_posterior(name, check):
     np.testing.assert_allclose(p.mean, mean, rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(p.var_f, var_f, rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(model.posterior_cov(Xt[:8]), cov[:8, :8], rtol=1e-6, atol=1e-9 * np.abs(cov).max())
+
+
+# ------------------------------------------------------------------------------------------------ the time trend
+
+
+def _trend_data(n=400, seed=2):
+    """A field that rises by 0.6 a year over eight quarters (2019Q1-2020Q4) plus a spatial pattern and noise."""
+    rng = np.random.default_rng(seed)
+    q = 2019.125 + 0.25 * np.arange(8)
+    lon, lat, t = rng.uniform(-67.2, -65.6, n), rng.uniform(17.9, 18.5, n), rng.choice(q, n)
+    y = 1.0 + 0.3 * np.sin(3 * lon) * np.cos(4 * lat) + 0.6 * (t - 2019) + 0.1 * rng.normal(size=n)
+    return np.column_stack([lon, lat, t]), y
+
+
+@pytest.mark.parametrize("name", ["vecchia", "dbk-nn"])
+def test_the_time_trend_is_learned_and_a_forecast_follows_it(name):
+    """On a field that rises 0.6 a year, the learned prior mean rises about as much, and a forecast a year past the
+    last quarter follows the rise; without the trend (``time_trend=False``) it falls back towards the average."""
+    X, y = _trend_data()
+    extra = TINY_DBK if name == "dbk-nn" else {}
+    kw = dict(space_time="separable", neighbors=10, dtype="float64", device="cpu", epochs=30, **extra)
+    with_trend = make_model(name, **kw).fit(X, y)
+    flat = make_model(name, time_trend=False, **kw).fit(X, y)
+    assert hasattr(with_trend.module_, "trend") and not hasattr(flat.module_, "trend")
+    far = np.column_stack([np.full(2, -66.4), np.full(2, 18.2), [2019.0, 2020.0]])
+    rise = np.diff(with_trend.prior_mean_at(far))[0]
+    assert 0.3 < rise < 0.9, rise
+    assert np.ptp(flat.prior_mean_at(far)) == 0.0
+    rng = np.random.default_rng(9)
+    Xf = np.column_stack([rng.uniform(-67.2, -65.6, 50), rng.uniform(17.9, 18.5, 50), np.full(50, 2021.875)])
+    truth = 1.0 + 0.3 * np.sin(3 * Xf[:, 0]) * np.cos(4 * Xf[:, 1]) + 0.6 * (2021.875 - 2019)
+    err_trend = np.abs(with_trend.predict(Xf).mean - truth).mean()
+    err_flat = np.abs(flat.predict(Xf).mean - truth).mean()
+    assert err_trend < 0.5 * err_flat, (err_trend, err_flat)
+
+
+def test_a_space_time_model_saved_before_the_trend_loads_without_one(tmp_path):
+    """A model.json written before ``time_trend`` existed has no such setting: it loads as a constant-mean model."""
+    import json
+
+    X, y = _data()
+    model = make_model("vecchia", space_time="separable", time_trend=False, neighbors=10, **COMMON).fit(X, y)
+    path = model.save(tmp_path / "old")
+    meta = json.loads((path / "model.json").read_text())
+    del meta["config"]["time_trend"]
+    (path / "model.json").write_text(json.dumps(meta))
+    back = load_model(path)
+    assert back.config.time_trend is False and not hasattr(back.module_, "trend")
+    np.testing.assert_array_equal(back.predict(X[:5]).mean, model.predict(X[:5]).mean)

@@ -58,7 +58,7 @@ def _dense_change(model, X, y, cells, t1, t2):
     Z = np.vstack([np.column_stack([cells, np.full(len(cells), t)]) for t in (t1, t2)])
     K = model.kernel(X) + model.noise_variance * np.eye(len(y))
     Kzx, Kzz = model.kernel(Z, X), model.kernel(Z)
-    mean = model.prior_mean + Kzx @ np.linalg.solve(K, y - model.prior_mean)
+    mean = model.prior_mean_at(Z) + Kzx @ np.linalg.solve(K, y - model.prior_mean_at(X))  # mu0 + b t
     S = Kzz - Kzx @ np.linalg.solve(K, Kzx.T)
     c = len(cells)
     v1, v2, c12 = np.diag(S)[:c], np.diag(S)[c:], S[np.arange(c), c + np.arange(c)]
