@@ -130,21 +130,25 @@ def _fit(name, settings, X, y, w, tr, va, te, seed):
     return fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=seed, **wkw)
 
 
-def gpboost_space_time(X, y, X_pred, weights=None, weights_pred=None) -> dict:
+def gpboost_space_time(X, y, X_pred, weights=None, weights_pred=None, trend: bool = False) -> dict:
     """GPBoost's space-time Vecchia GP on ``X`` = (lon, lat, t) (passed to GPBoost as (t, lon, lat): time first),
-    an intercept as fixed effect, package defaults otherwise. Returns mean, var_y, fit and predict seconds."""
+    an intercept as fixed effect (``trend``: an intercept and t, the fixed effects of gpcore's ``time_trend``),
+    package defaults otherwise. Returns mean, var_y, fit and predict seconds."""
     import gpboost as gpb
 
     def coords(A):
         return np.ascontiguousarray(np.column_stack([A[:, 2], A[:, 0], A[:, 1]]), dtype=np.float64)
 
+    def fixed(A):
+        return np.column_stack([np.ones(len(A)), A[:, 2] - X[:, 2].mean()]) if trend else np.ones((len(A), 1))
+
     kw = {} if weights is None else {"weights": np.asarray(weights, dtype=np.float64)}
     t0 = time.perf_counter()
     gp = gpb.GPModel(gp_coords=coords(X), cov_function="matern_space_time", gp_approx="vecchia",
                      likelihood="gaussian", **kw)
-    gp.fit(y=y, X=np.ones((len(y), 1)))
+    gp.fit(y=y, X=fixed(X))
     fit_s = time.perf_counter() - t0
-    q = gp.predict(gp_coords_pred=coords(X_pred), X_pred=np.ones((len(X_pred), 1)), predict_var=True,
+    q = gp.predict(gp_coords_pred=coords(X_pred), X_pred=fixed(X_pred), predict_var=True,
                    predict_response=weights is None)
     mean, var = np.asarray(q["mu"], dtype=np.float64), np.asarray(q["var"], dtype=np.float64)
     cov = gp.get_cov_pars()
@@ -194,8 +198,11 @@ def forecast_task(cfg: RunConfig, models, sets, args, smoke: bool) -> list[dict]
     elif gpboost_available():
         lab = np.concatenate([tr, va])
         ww = w if args.gpboost == "weighted" else None
-        r = gpboost_space_time(X[lab], y[lab], X[te], None if ww is None else ww[lab], None if ww is None else ww[te])
-        add(GPBOOST, "space-time" + (" weighted" if ww is not None else ""), r, len(lab))
+        trend = args.gpboost_fixed == "trend"
+        r = gpboost_space_time(X[lab], y[lab], X[te], None if ww is None else ww[lab], None if ww is None else ww[te],
+                               trend=trend)
+        kind = "space-time" + (" weighted" if ww is not None else "") + (", fixed effects 1 + t" if trend else "")
+        add(GPBOOST, kind, r, len(lab))
         stderr(f"    parameters {r['cov_pars']}")
     else:
         stderr("  GPBoost not installed (pip install gpboost): no peer row")
@@ -293,6 +300,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default="forecast,interp", help="forecast, interp or both (default)")
     ap.add_argument("--seed", type=int, default=0, help="split, subsample and model seed")
     ap.add_argument("--subsample", type=int, default=0, help="at most this many labelled training rows (seeded)")
+    ap.add_argument("--gpboost-fixed", choices=("intercept", "trend"), default="intercept",
+                    help="GPBoost's fixed effects: an intercept (default, its users' usual) or an intercept and t")
     ap.add_argument("--gpboost", choices=("unweighted", "weighted", "none"), default="unweighted",
                     help="GPBoost's space-time GP in the forecast task: unweighted (default), weighted, or none")
     add_race_args(ap, smoke="tiny synthetic space-time data, tiny models")
