@@ -18,8 +18,9 @@ from gpcore import make_model
 from gpcore.models import available_models
 
 REPO = Path(__file__).resolve().parents[1]
-#: settings that make any model tiny for ``--smoke`` (each model keeps the ones it has)
-SMOKE_SETTINGS = {"epochs": 2, "rank": 8, "hidden": 8, "num_inducing": 8, "neighbors": 5}
+#: settings that make any model tiny for ``--smoke`` (each model keeps the ones it has; ``dbk_*``: dbk-nn's DBK stage)
+SMOKE_SETTINGS = {"epochs": 2, "rank": 8, "hidden": 8, "num_inducing": 8, "neighbors": 5, "dbk_epochs": 2,
+                  "dbk_rank": 8, "dbk_hidden": 8, "dbk_blocks": 1, "dbk_batch_size": 64}
 
 
 def shared_data(name: str) -> Path:

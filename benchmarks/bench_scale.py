@@ -53,8 +53,6 @@ from gpcore.run.predict import DEFAULT_BATCH, stream_predict
 FIT_BAR_S = {"vecchia": 20 * 60, "dbk-nn": 30 * 60}
 MEMORY_BAR_GB = 8.0
 GRID_BAR_S = 10 * 60
-#: ``--smoke``: dbk-nn's feature network tiny too (the rest from _harness.SMOKE_SETTINGS)
-SMOKE_DBK = {"dbk_epochs": 2, "dbk_rank": 8, "dbk_hidden": 8, "dbk_batch_size": 256}
 
 
 def peak_rss_gb() -> float:
@@ -258,9 +256,7 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
-            settings = dict(smoke_settings(name)) if args.smoke else {}
-            if args.smoke and name == "dbk-nn":
-                settings.update(SMOKE_DBK)
+            settings = dict(smoke_settings(name)) if args.smoke else {}  # dbk-nn's DBK stage tiny too
             settings.update(sets.get(name, {}))
             try:  # a bad --set fails here, once, not in every child
                 make_model(name, **settings)

@@ -105,8 +105,7 @@ def main(argv=None) -> int:
     if not names:
         return 1
     name = names[0]
-    smoke = {**smoke_settings(name), **({"dbk_epochs": 2} if name == "dbk-nn" else {})} if args.smoke else {}
-    settings = {**smoke, **sets.get(name, {})}
+    settings = {**(smoke_settings(name) if args.smoke else {}), **sets.get(name, {})}
     seeds = [0] if args.smoke else [int(s) for s in args.seeds.split(",") if s]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
