@@ -21,7 +21,7 @@ Reported per row: test NLL, CRPS, 95 % coverage ± two binomial SEs overall and 
 outside), training rows, fit seconds. ``--subsample N``: every model trains on its part of the same seeded N-row
 pool of labelled rows (the per-quarter models on that pool's rows of their quarter), so all see the same data;
 test rows are never subsampled. Weights: a gpcore model that supports them is fitted with ``tests`` and scored per
-test row with its own count; ``vecchia`` is fitted unweighted. GPBoost: unweighted by default (``--gpboost
+test row with its own count (``vecchia`` and ``dbk-nn`` both do). GPBoost: unweighted by default (``--gpboost
 weighted`` passes its ``weights``: error variance divided by the row's count).
 
     python benchmarks/bench_spacetime.py                              # the full bar (long: all 142,803 rows)
