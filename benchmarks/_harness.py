@@ -168,11 +168,13 @@ def command_line() -> str:
     return " ".join([*env, "python", *map(shlex.quote, sys.argv)])
 
 
-def stamp(seconds: float | None = None) -> str:
-    """The date / commit / machine / command lines every benchmark report starts with (markdown bullets)."""
+def stamp(seconds: float | None = None, threads: str | int | None = None) -> str:
+    """The date / commit / machine / command lines every benchmark report starts with (markdown bullets);
+    ``threads``: the torch threads the measured processes used (default this process's)."""
     import torch
 
     took = f" ({seconds:.0f} s in all)" if seconds is not None else ""
+    threads = torch.get_num_threads() if threads is None else threads
     return (f"- date: {datetime.date.today().isoformat()}; commit: {git_commit()}\n"
-            f"- machine: {machine()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n"
+            f"- machine: {machine()}; torch {torch.__version__}, {threads} thread(s)\n"
             f"- command: `{command_line()}`{took}")

@@ -24,12 +24,8 @@ peak memory <= 8 GB; 10 M grid cells predicted in <= 10 min. Results: docs/bench
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import resource
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -39,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import REPO, add_race_args, known_models, parse_sets, report, smoke_settings, stderr, warm_up_torch
+from _harness import add_race_args, known_models, parse_sets, report, smoke_settings, stamp, stderr, warm_up_torch
 
 from gpcore import load_model, make_model
 from gpcore import metrics as M
@@ -142,38 +138,6 @@ def run_child(job: dict) -> dict:
     stderr(f"{job['model']} {job['kind']} n={job.get('n', job.get('cells')):,}: the child process failed ({why})")
     return {"model": job["model"], "job": f"{job['kind']} FAILED ({why})", "n": job.get("n", job.get("cells")),
             "finite": False}
-
-
-def machine() -> str:
-    """Platform, CPU model and count, e.g. ``Linux-6.1-x86_64, AMD EPYC 7B13, 2 CPUs``."""
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return f"{platform.platform()}, {cpu}, {os.cpu_count()} CPUs{gpu}"
-
-
-def git_commit() -> str:
-    """Short commit of the checkout, ``+ local changes`` when tracked files differ from it."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
-
-    head = git("rev-parse", "--short", "HEAD")
-    if head.returncode:
-        return "unknown (not a git checkout)"
-    dirty = git("diff", "--quiet", "HEAD").returncode != 0
-    return head.stdout.strip() + (" + local changes" if dirty else "")
-
-
-def command_line() -> str:
-    """The command as typed, with the thread settings of the environment in front."""
-    env = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ]
-    return " ".join([*env, "python", *map(shlex.quote, sys.argv)])
 
 
 def with_ratios(df: pd.DataFrame) -> pd.DataFrame:
@@ -291,10 +255,7 @@ def main(argv=None) -> int:
               f"{' and ' + settings_note if settings_note else ''}, fitted on n places (a seeded 10 % validates), "
               f"predicting n / 10 new places; each fit and each grid in a fresh process (peak RSS its own); "
               f"'time / first' and 'n / first' against the model's smallest n; the grid rows' µs per point are per "
-              f"cell\n\n"
-              f"- date: {datetime.date.today().isoformat()}; commit: {git_commit()}\n"
-              f"- machine: {machine()}; torch {torch.__version__}, {threads} thread(s)\n"
-              f"- command: `{command_line()}` ({time.perf_counter() - t_start:.0f} s in all)")
+              f"cell\n\n" + stamp(time.perf_counter() - t_start, threads))
     md = "\n".join([markdown(df), "", *bars(df)]).rstrip()
     report(header, md, df, args.out)
     return 0 if bool(df["finite"].fillna(False).all()) else 1
