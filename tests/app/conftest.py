@@ -180,3 +180,18 @@ def use_store(src: Path, tmp_path, monkeypatch) -> Path:
 def time_env(time_store, tmp_path, monkeypatch) -> Path:
     """``time_store`` copied as ``UA_RUN_STORE``, without the bundled runs."""
     return use_store(time_store, tmp_path, monkeypatch)
+
+
+def wait_for_job(at, timeout: float = 150.0, poll: float = 0.4):
+    """The training job the last Train click started, after rerunning the page until it is done (or ``timeout`` s);
+    the page is rerun once more after it finished."""
+    import time
+
+    job = at.session_state["ua_job"]
+    deadline = time.time() + timeout
+    while not job.done and time.time() < deadline:
+        time.sleep(poll)
+        at.run()
+    assert job.done and job.error is None, job.error
+    at.run()
+    return job

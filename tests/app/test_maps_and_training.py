@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest  # noqa: F401
 
-from tests.app.conftest import click_grid, gridmaps, open_page
+from tests.app.conftest import click_grid, gridmaps, open_page, wait_for_job
 
 RUN = "20240101-000000-000-dbk-rbf"
 
@@ -159,13 +159,7 @@ def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app,
     app.number_input(key="w_cell_km").set_value(4.0)
     app.button(key="w_train").click().run()
     assert not app.exception, [e.value for e in app.exception]
-    job = app.session_state["ua_job"]
-    deadline = time.time() + 240
-    while not job.done and time.time() < deadline:
-        time.sleep(0.5)
-        app.run()
-    assert job.done and job.error is None, job.error
-    app.run()
+    job = wait_for_job(app, 240, poll=0.5)
     epochs = [h["epoch"] for h in job.history]
     assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 3, epochs  # stage 1 then the residual
     # DBK 2 + hybrid 2 (+ the feature check's residual-only 2)

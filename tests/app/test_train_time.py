@@ -4,12 +4,10 @@ combinations name the control to change and keep the data set and the runs; the 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import APP, TIMEOUT, open_page
+from tests.app.conftest import APP, TIMEOUT, open_page, wait_for_job
 
 QUARTERS = [f"{y}Q{q}" for y in (2019, 2020) for q in range(1, 5)]
 
@@ -53,13 +51,7 @@ def train(at: AppTest):
 
     at.button(key="w_train").click().run()
     assert not at.exception and not errors(at), errors(at)
-    job = at.session_state["ua_job"]
-    deadline = time.time() + 150
-    while not job.done and time.time() < deadline:
-        time.sleep(0.4)
-        at.run()
-    assert job.done and job.error is None, job.error
-    at.run()
+    job = wait_for_job(at, 150)
     assert any("is in the run store" in s.value for s in at.success)
     return {r.run_id: r for r in RunStore().list()}[job.run_id]
 
