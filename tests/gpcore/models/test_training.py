@@ -1,0 +1,83 @@
+"""The trainer's L-BFGS step (gpcore/models/training.py): each point is evaluated once, the path is torch's."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpcore import make_model
+from gpcore.models import training
+
+
+def _rosenbrock_step(x, points):
+    def step():
+        points.append(x.detach().clone())
+        loss = (1 - x[0]) ** 2 + 100 * (x[1] - x[0] ** 2) ** 2
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def _lbfgs(x):
+    return torch.optim.LBFGS([x], lr=1.0, max_iter=1, max_eval=25, history_size=10,
+                             line_search_fn="strong_wolfe", tolerance_grad=1e-12, tolerance_change=1e-15)
+
+
+def test_lbfgs_step_follows_torchs_path_without_evaluating_a_point_twice():
+    x = torch.tensor([-1.2, 1.0], dtype=torch.float64, requires_grad=True)
+    opt, points = _lbfgs(x), []
+    losses = [float(training._lbfgs_step(opt, _rosenbrock_step(x, points), x.device)) for _ in range(30)]
+
+    # reference: torch's L-BFGS with a plain closure, which re-evaluates the point each iteration starts from
+    x_ref = torch.tensor([-1.2, 1.0], dtype=torch.float64, requires_grad=True)
+    opt_ref, ref_points = _lbfgs(x_ref), []
+    step_ref = _rosenbrock_step(x_ref, ref_points)
+
+    def closure():
+        opt_ref.zero_grad()
+        return step_ref()
+
+    ref_losses = [float(opt_ref.step(closure)) for _ in range(30)]
+    assert losses == ref_losses
+    assert torch.equal(x.detach(), x_ref.detach())
+    assert losses[-1] < 1e-3 * losses[0]  # it did optimise
+    distinct = {tuple(p.tolist()) for p in points}
+    assert len(distinct) == len(points)  # no point evaluated twice
+    assert len(points) <= len(ref_points) - 29  # each of iterations 2..30 saved its first evaluation
+
+
+def test_a_changed_point_is_evaluated_again():
+    """Parameters moved between iterations (a checkpoint restored, a hand edit) are never served from memory."""
+    x = torch.tensor([-1.2, 1.0], dtype=torch.float64, requires_grad=True)
+    opt, points = _lbfgs(x), []
+    step = _rosenbrock_step(x, points)
+    training._lbfgs_step(opt, step, x.device)
+    with torch.no_grad():
+        x.add_(1e-3)
+    moved = x.detach().clone()
+    n = len(points)
+    loss = training._lbfgs_step(opt, step, x.device)
+    assert torch.equal(points[n], moved)
+    assert float(loss) == (1 - moved[0].item()) ** 2 + 100 * (moved[1].item() - moved[0].item() ** 2) ** 2
+
+
+def test_vecchia_fit_evaluates_each_point_of_its_path_once():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, size=(300, 2))
+    y = np.sin(4 * X[:, 0]) + 0.1 * rng.normal(size=300)
+    model = make_model("vecchia", neighbors=8, epochs=8, seed=0)
+    seen = []
+    original = type(model)._step
+
+    def counting_step(self, xb, yb, n, wb=None):
+        seen.append(tuple(p.detach().double().sum().item() for p in self.module_.parameters()))
+        return original(self, xb, yb, n, wb)
+
+    type(model)._step = counting_step
+    try:
+        model.fit(X, y)
+    finally:
+        type(model)._step = original
+    assert model.train_info_["epochs_run"] >= 3
+    assert len(seen) == len(set(seen))
