@@ -56,9 +56,11 @@ def stationary_sqdist(name: str, d2: torch.Tensor, outputscale: torch.Tensor) ->
 
 
 
-def _group_sqdist(A: torch.Tensor, j: int) -> torch.Tensor:
-    """``(a_ij - a_i'j)^2`` of every pair within each group (``b x k x k``) for input dimension ``j``."""
-    return (A[..., :, j, None] - A[..., None, :, j]).square_()
+def _group_sqdist(At: torch.Tensor, j: int) -> torch.Tensor:
+    """``(a_ij - a_i'j)^2`` of every pair within each group (``b x k x k``) for input dimension ``j``; ``At`` holds
+    the groups' inputs dimension-major (``b x d x k``, contiguous rows: the broadcast difference reads them in
+    order, about twice as fast as strided columns of ``b x k x d``)."""
+    return (At[..., j, :, None] - At[..., j, None, :]).square_()
 
 
 def _rho_and_slope(name: str, d2: torch.Tensor, slope: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -92,25 +94,32 @@ class _GroupKernel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, Xg, ell, outputscale, name):
-        A = Xg / ell
-        d2 = _group_sqdist(A, 0)
-        for j in range(1, A.shape[-1]):
-            d2.add_(_group_sqdist(A, j))
+        At = (Xg / ell).transpose(-1, -2).contiguous()  # b x d x k
+        d2 = _group_sqdist(At, 0)
+        for j in range(1, At.shape[-2]):
+            d2.add_(_group_sqdist(At, j))
         k, slope = _rho_and_slope(name, d2, slope=ctx.needs_input_grad[1])
         if any(ctx.needs_input_grad):
-            ctx.save_for_backward(A, ell, outputscale, k, slope)
+            ctx.save_for_backward(At, ell, outputscale, k, slope)
             return k * outputscale
         return k.mul_(outputscale)  # no graph (predictions, the joint factor): in place
 
     @staticmethod
     def backward(ctx, G):
-        A, ell, outputscale, k, slope = ctx.saved_tensors
+        At, ell, outputscale, k, slope = ctx.saved_tensors
         g_os = (G * k).sum() if ctx.needs_input_grad[2] else None
         g_ell = None
         if ctx.needs_input_grad[1]:
             H = (G * slope).mul_(outputscale)  # dL/d d2
-            # d d2 / d ell_j = -2 (a_j - a'_j)^2 / ell_j, with a = x / ell
-            per_dim = torch.stack([(H * _group_sqdist(A, j)).sum() for j in range(A.shape[-1])])
+            # d d2 / d ell_j = -2 (a_j - a'_j)^2 / ell_j with a = x / ell, and for each j
+            #   sum_ii' H_ii' (a_i - a_i')^2 = sum_i a_i^2 (H 1 + H^T 1)_i - 2 a^T H a
+            # (one matrix product for all j instead of a k x k difference per j); a is centred in each group first
+            # (differences unchanged) so that the two terms do not cancel
+            Ac = At - At.mean(-1, keepdim=True)
+            s = H.sum(-1) + H.sum(-2)  # b x k
+            HA = torch.matmul(Ac, H.transpose(-1, -2))  # b x d x k: (H a_j)_i
+            per_dim = (Ac.square() * s.unsqueeze(-2)).sum((0, -1)) - 2.0 * (Ac * HA).sum((0, -1))
+            per_dim = per_dim.reshape(-1, At.shape[-2]).sum(0)  # any leading batch dims
             g_ell = (per_dim.sum() if ell.numel() == 1 else per_dim).reshape(ell.shape) * (-2.0 / ell)
         return None, g_ell, g_os, None
 

@@ -210,8 +210,8 @@ def _lbfgs_step(opt, step, device):
         # one iteration per epoch. The same point (bit for bit) returns the stored loss and gradients instead.
         point = [p.detach() for p in params]
         for old_point, old_loss, old_grads in seen:
-            if all(torch.equal(a, b) for a, b in zip(point, old_point)):
-                for p, g in zip(params, old_grads):
+            if all(torch.equal(a, b) for a, b in zip(point, old_point, strict=True)):
+                for p, g in zip(params, old_grads, strict=True):
                     if g is None:
                         p.grad = None
                     elif p.grad is None:

@@ -22,29 +22,24 @@ Ordering (``ordering``): ``maxmin`` (default), the exact max-min distance orderi
 fit on the scaled inputs (they do not follow the learned ARD lengthscales). Space-time inputs (lon, lat, t), whose
 prior mean may carry a time trend: docs/methods/spacetime.md (``space_time``, ``time_trend``).
 
-Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's optimiser on the full
-Vecchia likelihood through :mod:`gpcore.models.training` (``full_batch``: one step per epoch, early stopping on
-validation NLL when a validation set is given). The backward pass runs chunk by chunk (``_step``),
-so memory is bounded by one chunk whatever ``n`` is. The lengthscales start at the neighbourhood
-radius (``lengthscale_init=0``: the median distance to the m-th nearest predecessor). The optimiser is
-the config's ``optimizer`` (L-BFGS by default, one strong-Wolfe iteration per epoch; or AdamW). Under ``torchrun
-... --distributed`` (``distributed_own_share``) every rank holds all the ordered points and neighbour sets and
-computes a contiguous share of the chunks; the trainer sums loss and gradients over ranks at every step and L-BFGS
-closure evaluation (docs/scaling.md, "Vecchia and dbk-nn").
+Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's ``optimizer`` (L-BFGS,
+one strong-Wolfe iteration per epoch, or AdamW) on the full Vecchia likelihood (:mod:`gpcore.models.training`, early
+stopping on the validation NLL), backward chunk by chunk (``_step``: memory of one chunk); the lengthscales start at
+the neighbourhood radius (``lengthscale_init=0``). Under ``torchrun ... --distributed`` every rank holds all ordered
+points and computes a contiguous share of the chunks; loss and gradients are summed over ranks at every closure
+evaluation (docs/scaling.md, "Vecchia and dbk-nn").
 
-Prediction: each new point conditions on its ``pred_neighbors`` (default ``neighbors``) nearest
-training points: ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN +
-s2 I)^{-1} k_Nx``, ``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
+Prediction: each new point conditions on its ``pred_neighbors`` (default ``neighbors``) nearest training points:
+``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN + s2 I)^{-1} k_Nx``,
+``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
 
-Joint posterior: no feature form (no exact ``(psi, m, F, residual)`` exists); the joint posterior of many new
-places is the response-first joint Vecchia prediction of :mod:`gpcore.models.vecchia_joint` (the new places
-ordered after the training points, each conditioned on its ``pred_neighbors`` nearest training points and its
-``joint_neighbors`` nearest earlier new places): ``posterior_cov``, areal sums, joint samples and suggestions
-(:mod:`gpcore.posterior`, docs/decide.md).
+Joint posterior: no feature form; the joint posterior of many new places is the response-first joint Vecchia
+prediction of :mod:`gpcore.models.vecchia_joint` (new places ordered after the training points, each conditioned on
+its ``pred_neighbors`` nearest training points and its ``joint_neighbors`` nearest earlier new places):
+``posterior_cov``, areal sums, joint samples and suggestions (:mod:`gpcore.posterior`, docs/decide.md).
 
-Saved state: the hyperparameters, the ordered training inputs and targets (scaled), the ordering
-permutation and the training neighbour sets, as tensors (safetensors); the KD-tree for prediction is
-rebuilt from the stored inputs on first use.
+Saved state: the hyperparameters, the ordered training inputs and targets (scaled), the ordering permutation and the
+training neighbour sets, as tensors (safetensors); the prediction KD-tree is rebuilt on first use.
 """
 
 from __future__ import annotations
@@ -75,15 +70,10 @@ from gpcore.models.registry import register
 
 @dataclass(frozen=True)
 class VecchiaConfig(st.SpaceTimeConfig):
-    """Vecchia GP settings.
-
-    Reference settings (GPBoost / GpGp practice; the issue-13 comparison): Matérn-3/2, m = 30
-    neighbours, maxmin ordering, hyperparameters by maximum likelihood. Default: Matérn-1/2 (better test
-    NLL than Matérn-3/2 on every data set measured, docs/benchmarks/settings.md), m = 30, maxmin,
-    full-batch L-BFGS with early stopping on validation NLL, prediction from the same m nearest training
-    points (GPBoost predicts from
-    2m by default: set ``pred_neighbors=60``).
-    """
+    """Vecchia GP settings. Reference (GPBoost / GpGp practice): Matérn-3/2, m = 30 neighbours, maxmin ordering,
+    maximum likelihood. Default: Matérn-1/2 (better test NLL on every data set measured,
+    docs/benchmarks/settings.md), m = 30, maxmin, full-batch L-BFGS stopped on the validation NLL, prediction from the
+    same m nearest training points (GPBoost predicts from 2m by default: ``pred_neighbors=60``)."""
 
     kernel: str = setting("matern12", help="base kernel (Matérn-1/2: measured best on our data sets; GPBoost's "
                                            "default is matern32)", choices=KERNEL_NAMES, main=True)
@@ -161,9 +151,10 @@ class _VecchiaRow(torch.autograd.Function):
 
         dL/dC = -sym(ell g^T) - 1/2 (lam^T ell) ell ell^T,   g = [C_NN^{-1} lam_N; 0],
 
-    (from ``dD = b^T dC b`` and ``dA = (dc^T - A dC_NN) C_NN^{-1}`` with ``b = (-A, 1)``). It costs two
-    small triangular solves per group, where autograd through the batched Cholesky costs about ten
-    times the forward pass.
+    (from ``dD = b^T dC b`` and ``dA = (dc^T - A dC_NN) C_NN^{-1}`` with ``b = (-A, 1)``): two small triangular
+    solves per group, where autograd through the batched Cholesky costs about ten forward passes. It returns the
+    one outer product ``-ell (g + 1/2 (lam^T ell) ell)^T``, whose symmetric part is dL/dC: every ``C`` here is a
+    symmetric function of the hyperparameters, so only that part reaches them (one ``k x k`` pass, not four).
     """
 
     @staticmethod
@@ -180,21 +171,22 @@ class _VecchiaRow(torch.autograd.Function):
         L, ell = ctx.saved_tensors
         g = torch.zeros_like(ell)
         g[..., :-1] = torch.cholesky_solve(lam[..., :-1, None], L[..., :-1, :-1]).squeeze(-1)
-        outer = ell.unsqueeze(-1) * g.unsqueeze(-2)
-        dC = -0.5 * (outer + outer.transpose(-1, -2))
-        dC = dC - 0.5 * (lam * ell).sum(-1)[..., None, None] * (ell.unsqueeze(-1) * ell.unsqueeze(-2))
-        return dC
+        g.add_(ell * (0.5 * (lam * ell).sum(-1, keepdim=True)))
+        return ell.neg().unsqueeze(-1) * g.unsqueeze(-2)
 
 
 def group_covariance(mod: VecchiaModule, Xg: torch.Tensor, valid: torch.Tensor,
                      noise: torch.Tensor | None = None) -> torch.Tensor:
-    """Noisy covariance of each group (``b x k x k``, float64; padding entries become identity rows)."""
+    """Noisy covariance of each group (``b x k x k``, float64; padding entries become identity rows; ``valid=None``:
+    none)."""
     s2 = mod.noise.double() if noise is None else noise.double()
     if mod.space_time != "none":  # docs/methods/spacetime.md (autograd)
         C = st.group_kernel(mod, Xg)
     else:
         C = group_kernel(mod.kernel_name, Xg, mod.lengthscale, mod.outputscale)  # fused, closed-form backward
     C.diagonal(dim1=-2, dim2=-1).add_(s2)
+    if valid is None:  # no padding in these groups
+        return C
     eye = torch.eye(C.shape[-1], dtype=torch.float64, device=Xg.device)
     both = valid.unsqueeze(-1) & valid.unsqueeze(-2)
     return torch.where(both, C, eye)
@@ -236,7 +228,7 @@ class VecchiaGP(GPModel):
     def _build(self, d, Xs, ys):
         n = 0 if Xs is None else Xs.shape[0]
         mod = self._make_module(d, n)
-        self._tree = self._joint_cache = None
+        self._tree = self._joint_cache = self._pad_end = None
         if Xs is None:
             return mod
         Xn = st.order_coords(self, mod, Xs)  # the scaled inputs (space-time: / the initial lengthscales)
@@ -274,14 +266,21 @@ class VecchiaGP(GPModel):
         stop = n if stop is None else stop
         idx = torch.arange(start, stop, device=mod.X_train.device)
         G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)  # b x (m+1), last = the point
-        valid = G >= 0
-        Gc = G.clamp_min(0)
+        valid = self._group_valid(G, start)
+        Gc = G if valid is None else G.clamp_min(0)
         Xg = mod.X_train[Gc]
-        z = torch.where(valid, mod.y_train.double()[Gc] - st.prior_mean(mod, Xg), torch.zeros((), dtype=torch.float64,
-                                                                                                device=G.device))
+        z = mod.y_train.double()[Gc] - st.prior_mean(mod, Xg)
+        z = z if valid is None else torch.where(valid, z, torch.zeros((), dtype=torch.float64, device=G.device))
         ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))
         u = (ell * z).sum(-1)  # (z_i - A z_N) / sqrt(D)
         return -0.5 * LOG_2PI + torch.log(ell[:, -1]) - 0.5 * u.pow(2)
+
+    def _group_valid(self, G: torch.Tensor, start: int) -> torch.Tensor | None:
+        """``G >= 0`` for the groups of rows ``start ..``, or None (no ``where`` passes) past the last padded row."""
+        if getattr(self, "_pad_end", None) is None:
+            pad = (self.module_.nbr < 0).any(1).nonzero()
+            self._pad_end = int(pad.max()) + 1 if pad.numel() else 0
+        return None if start >= self._pad_end else G >= 0
 
     def _ordered_weights(self, ws: torch.Tensor | None = None) -> torch.Tensor | None:
         """Weights of the ordered training points: the training step's (``ws``, caller order) while
@@ -377,7 +376,7 @@ class VecchiaGP(GPModel):
             mod.order = torch.cat([mod.order, n0 + perm])
             w = torch.ones(X.shape[0]) if weights is None else torch.as_tensor(as_weights(weights, X.shape[0]))
             mod.w_train = torch.cat([mod.w_train, w.to(mod.w_train)[perm]])
-        self._tree = self._joint_cache = None
+        self._tree = self._joint_cache = self._pad_end = None
         with torch.no_grad():  # the refreshed posterior needs no graph (at 1 M rows one would fill a GPU)
             self._after_conditioning(n0)
         counts = self.train_info_.setdefault("conditioned_on", {"training": n0})

@@ -18,6 +18,7 @@ from gpcore.models.kernels import stationary_sqdist
 from gpcore.models.neighbors import maxmin_order, ordered_neighbors
 from gpcore.models.spacetime import gneiting_psi, metric_coords, spacetime_sqdist, time_lengthscale_years
 from tests.gpcore.models.test_exact import _np_kernel
+from tests.gpcore.models.test_vecchia import assert_vecchia_gradient_equals_dense
 
 QUARTERS = 2019.125 + 0.25 * np.arange(4)  # 2019Q1..Q4, decimal years (quarter middles)
 COMMON = {"dtype": "float64", "device": "cpu", "epochs": 1}
@@ -438,3 +439,12 @@ def test_a_space_time_model_saved_before_the_trend_loads_without_one(tmp_path):
     back = load_model(path)
     assert back.config.time_trend is False and not hasattr(back.module_, "trend")
     np.testing.assert_array_equal(back.predict(X[:5]).mean, model.predict(X[:5]).mean)
+
+
+@pytest.mark.parametrize("kind", ["separable", "gneiting"])
+def test_likelihood_gradient_equals_the_dense_space_time_gradient(kind):
+    """The closed-form Vecchia row gradient through the space-time kernel's autograd: at m = n - 1 it is the dense
+    likelihood's gradient in every hyperparameter (time lengthscale, Gneiting's beta and the trend included)."""
+    X, y = _data()
+    model = _fit(X, y, kind)
+    assert_vecchia_gradient_equals_dense(model)
