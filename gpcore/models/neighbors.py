@@ -9,6 +9,8 @@ import heapq
 import numpy as np
 
 ORDERINGS = ("maxmin", "coord")
+#: KD-tree queries use every core (scipy's ``workers``; the sets are exact, so the same on any number of cores)
+WORKERS = -1
 
 
 
@@ -41,7 +43,7 @@ def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
     heapq.heapify(heap)
     tree = cKDTree(X)
     k = min(n, k_local + 1)
-    knn_d, knn_i = tree.query(X, k=k)
+    knn_d, knn_i = tree.query(X, k=k, workers=WORKERS)
     knn_d, knn_i = knn_d.reshape(n, k), knn_i.reshape(n, k)
     reach = knn_d[:, -1]
     pop, push = heapq.heappop, heapq.heappush
@@ -109,7 +111,7 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
         rest = np.arange(s, e)
         k = min(e, 2 * m + 8)
         while rest.size:
-            _, idx = tree.query(Xo[rest], k=k)
+            _, idx = tree.query(Xo[rest], k=k, workers=WORKERS)
             idx = idx.reshape(rest.size, k)
             pred = idx < rest[:, None]
             done = (pred.sum(1) >= m) | (k >= e)  # k = e: every predecessor is among them (rest >= nb > m)

@@ -60,7 +60,7 @@ from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
 from gpcore.models.kernels import KERNEL_NAMES, group_kernel
 from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
-from gpcore.models.neighbors import ORDERINGS, coord_order, maxmin_order, ordered_neighbors
+from gpcore.models.neighbors import ORDERINGS, WORKERS, coord_order, maxmin_order, ordered_neighbors
 from gpcore.models.registry import register
 
 # --------------------------------------------------------------------------------------------
@@ -408,7 +408,7 @@ class VecchiaGP(GPModel):
     def _prediction_neighbors(self, xb: torch.Tensor) -> torch.Tensor:
         """Indices (``b x k``, nearest first) of the ``pred_neighbors`` nearest ordered training points."""
         k = min(self.config.pred_neighbors or self.config.neighbors, self.module_.X_train.shape[0])
-        _, idx = self._neighbor_tree().query(st.metric_coords(self.module_, xb), k=k)
+        _, idx = self._neighbor_tree().query(st.metric_coords(self.module_, xb), k=k, workers=WORKERS)
         return torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
 
     def _prediction_noise(self, N: torch.Tensor) -> torch.Tensor | None:
