@@ -243,13 +243,7 @@ class DBKNN(VecchiaGP):
         """``(U, u, log Dv)`` of ordered training points ``start .. stop`` (float64, with a graph; ``ws`` as in
         :meth:`vecchia_terms`)."""
         mod = self.module_
-        idx = torch.arange(start, stop, device=mod.X_train.device)
-        G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)
-        valid = self._group_valid(G, start)
-        Gc = G if valid is None else G.clamp_min(0)
-        Xg = mod.X_train[Gc]
-        z = mod.y_train.double()[Gc] - st.prior_mean(mod, Xg)
-        z = z if valid is None else torch.where(valid, z, torch.zeros((), dtype=torch.float64, device=G.device))
+        valid, Gc, Xg, z = self._chunk_groups(start, stop)
         ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))  # zero at padding entries
         U = mod.fscale.double() * torch.einsum("bk,bkp->bp", ell, Phi[Gc])
         return U, (ell * z).sum(-1), -2.0 * torch.log(ell[:, -1])

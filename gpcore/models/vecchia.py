@@ -262,25 +262,26 @@ class VecchiaGP(GPModel):
         ordered training points ``start .. stop``, with the autograd graph attached (``ws``: the training
         rows' weights in caller order while training; the stored ones otherwise)."""
         mod = self.module_
-        n = mod.X_train.shape[0]
-        stop = n if stop is None else stop
-        idx = torch.arange(start, stop, device=mod.X_train.device)
-        G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)  # b x (m+1), last = the point
-        valid = self._group_valid(G, start)
-        Gc = G if valid is None else G.clamp_min(0)
-        Xg = mod.X_train[Gc]
-        z = mod.y_train.double()[Gc] - st.prior_mean(mod, Xg)
-        z = z if valid is None else torch.where(valid, z, torch.zeros((), dtype=torch.float64, device=G.device))
+        valid, Gc, Xg, z = self._chunk_groups(start, mod.X_train.shape[0] if stop is None else stop)
         ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))
         u = (ell * z).sum(-1)  # (z_i - A z_N) / sqrt(D)
         return -0.5 * LOG_2PI + torch.log(ell[:, -1]) - 0.5 * u.pow(2)
 
-    def _group_valid(self, G: torch.Tensor, start: int) -> torch.Tensor | None:
-        """``G >= 0`` for the groups of rows ``start ..``, or None (no ``where`` passes) past the last padded row."""
-        if getattr(self, "_pad_end", None) is None:
-            pad = (self.module_.nbr < 0).any(1).nonzero()
+    def _chunk_groups(self, start: int, stop: int):
+        """``(valid, Gc, Xg, z)`` of the groups of ordered rows ``start .. stop``: padding mask (None past the last
+        padded row: no ``where`` passes), clamped indices, inputs and centred targets (zero at padding)."""
+        mod = self.module_
+        idx = torch.arange(start, stop, device=mod.X_train.device)
+        G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)  # b x (m+1), last = the point
+        if getattr(self, "_pad_end", None) is None:  # found once per neighbour set
+            pad = (mod.nbr < 0).any(1).nonzero()
             self._pad_end = int(pad.max()) + 1 if pad.numel() else 0
-        return None if start >= self._pad_end else G >= 0
+        valid = None if start >= self._pad_end else G >= 0
+        Gc = G if valid is None else G.clamp_min(0)
+        Xg = mod.X_train[Gc]
+        z = mod.y_train.double()[Gc] - st.prior_mean(mod, Xg)
+        z = z if valid is None else torch.where(valid, z, torch.zeros((), dtype=torch.float64, device=G.device))
+        return valid, Gc, Xg, z
 
     def _ordered_weights(self, ws: torch.Tensor | None = None) -> torch.Tensor | None:
         """Weights of the ordered training points: the training step's (``ws``, caller order) while
