@@ -77,7 +77,7 @@ from gpcore.models import spacetime as st
 from gpcore.models import training
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
-from gpcore.models.linalg import LOG_2PI, inv_softplus
+from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
 from gpcore.models.registry import register
 from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _conditional_terms, vecchia_rows
 
@@ -88,7 +88,8 @@ _FEATURE_PARAMS = ("backbone", "expand", "scale", "Z", "raw_ell", "raw_outputsca
 @dataclass(frozen=True)
 class DBKNNConfig(VecchiaConfig):
     """dbk-nn settings: the residual's Vecchia settings (inherited), the inner DBK's (``dbk_*``) and the
-    training mode. Defaults: DBK-RBF as the ``dbk-rbf`` preset, Matérn-1/2 residual with 30 neighbours."""
+    training mode. Defaults: DBK-RBF as the ``dbk-rbf`` preset but trained in batches of 2048 at a rate of 0.01
+    (docs/methods/dbknn.md, Settings), Matérn-1/2 residual with 30 neighbours."""
 
     train_mode: str = setting("stagewise", help="'stagewise' (DBK, then the residual with the "
                                                   "features frozen) or 'joint' (then all of it together)",
@@ -100,9 +101,10 @@ class DBKNNConfig(VecchiaConfig):
     dbk_blocks: int = setting(2, help="DBK residual blocks", min=0, max=16)
     dbk_alpha: float = setting(0.1, help="DBK dPPGP trace weight", min=0.0)
     dbk_beta: float = setting(0.01, help="DBK dPPGP KL weight", min=0.0)
-    dbk_batch_size: int = setting(256, help="DBK mini-batch size", min=1)
+    dbk_batch_size: int = setting(2048, help="DBK mini-batch size (2048: 3-5x faster than 256, same dbk-nn NLL)",
+                                  min=1)
     dbk_epochs: int = setting(100, help="DBK stage epochs", min=1, main=True)
-    dbk_lr: float = setting(1e-3, help="DBK stage learning rate", min=0.0, min_inclusive=False)
+    dbk_lr: float = setting(1e-2, help="DBK stage learning rate", min=0.0, min_inclusive=False)
     dbk_patience: int = setting(10, help="DBK stage early-stopping patience", min=1)
     dbk_max_seconds: float = setting(0.0, help="DBK stage time budget in seconds (0 = none)",
                                                          min=0.0)
@@ -245,7 +247,7 @@ class DBKNN(VecchiaGP):
         mod = self.module_
         valid, Gc, Xg, z = self._chunk_groups(start, stop)
         ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))  # zero at padding entries
-        U = mod.fscale.double() * torch.einsum("bk,bkp->bp", ell, Phi[Gc])
+        U = mod.fscale.double() * combine_rows(ell, Gc, Phi)
         return U, (ell * z).sum(-1), -2.0 * torch.log(ell[:, -1])
 
     @staticmethod
@@ -346,7 +348,8 @@ class DBKNN(VecchiaGP):
             return history, info
         before = {k: v.detach().clone() for k, v in self.module_.state_dict().items()}
         base = self.config
-        self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs)
+        self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs,
+                                   patience=base.joint_epochs, min_improvement=0.0)  # every Adam step may count
         self._set_joint(True)
         try:
             h2, i2 = training.train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
@@ -445,7 +448,7 @@ class DBKNN(VecchiaGP):
             t = torch.linalg.solve_triangular(L[:, :-1, :-1].transpose(-1, -2), l_row.unsqueeze(-1),
                                               upper=True).squeeze(-1)  # C_NN^{-1} k_Nx
             means.append(st.prior_mean(mod, x) + a * (phi @ w_hat) + (t * e_tr[N]).sum(-1))
-            q = a * (phi - torch.einsum("bk,bkp->bp", t, Phi[N]))
+            q = a * (phi - combine_rows(t, N, Phi))
             vars_.append((q @ F).pow(2).sum(-1) + mod.outputscale.double() - l_row.pow(2).sum(-1))
         dt = mod.raw_noise.dtype
         return torch.cat(means).to(dt), torch.cat(vars_).to(dt)

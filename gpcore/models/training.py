@@ -274,6 +274,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
     best_metric, best_epoch, best_state = math.inf, 0, None
     history: list[dict] = []
     stale = 0
+    anchor = math.inf  # the validation NLL at the last improvement by more than min_improvement
     step = 0
     cancelled = False
     stopped_early = False
@@ -337,9 +338,11 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
         # a NaN/inf metric never counts as an improvement: the checkpoint kept is always a finite model
         improved = math.isfinite(metric) and (metric < best_metric - 1e-7 or best_state is None)
         if improved:
-            best_metric, best_epoch, stale = metric, epoch, 0
+            best_metric, best_epoch = metric, epoch
             best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        else:
+        if improved and not metric >= anchor - cfg.min_improvement:
+            anchor, stale = metric, 0
+        else:  # no gain, or gains that sum to less than min_improvement since the anchor: patience runs
             stale += 1
         prog = Progress(
             epoch=epoch,

@@ -23,8 +23,8 @@ fit on the scaled inputs (they do not follow the learned ARD lengthscales). Spac
 prior mean may carry a time trend: docs/methods/spacetime.md (``space_time``, ``time_trend``).
 
 Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's ``optimizer`` (L-BFGS,
-one strong-Wolfe iteration per epoch, or AdamW) on the full Vecchia likelihood (:mod:`gpcore.models.training`, early
-stopping on the validation NLL), backward chunk by chunk (``_step``: memory of one chunk); the lengthscales start at
+one strong-Wolfe iteration per epoch, or AdamW) on the full Vecchia likelihood (:mod:`gpcore.models.training`, stopped
+once the validation NLL gains under ``min_improvement`` in ``patience`` iterations), backward chunk by chunk (``_step``: memory of one chunk); the lengthscales start at
 the neighbourhood radius (``lengthscale_init=0``). Under ``torchrun ... --distributed`` every rank holds all ordered
 points and computes a contiguous share of the chunks; loss and gradients are summed over ranks at every closure
 evaluation (docs/scaling.md, "Vecchia and dbk-nn").
@@ -63,10 +63,6 @@ from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
 from gpcore.models.neighbors import ORDERINGS, WORKERS, coord_order, maxmin_order, ordered_neighbors
 from gpcore.models.registry import register
 
-# --------------------------------------------------------------------------------------------
-# The model
-# --------------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class VecchiaConfig(st.SpaceTimeConfig):
@@ -97,6 +93,8 @@ class VecchiaConfig(st.SpaceTimeConfig):
     epochs: int = setting(100, help="full-batch steps (L-BFGS iterations or Adam steps)", min=1, main=True)
     lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
                         min_inclusive=False, main=True)
+    patience: int = setting(5, help="iterations without a min_improvement gain (raise both for adam)", min=1)
+    min_improvement: float = setting(1e-3, help="validation-NLL gain that resets patience", min=0.0)
     condition_on_validation: bool = setting(True, help="after training, add the validation rows to the posterior's "
                                             "conditioning set (hyperparameters unchanged, no refit)")
     joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "

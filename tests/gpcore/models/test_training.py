@@ -81,3 +81,34 @@ def test_vecchia_fit_evaluates_each_point_of_its_path_once():
         type(model)._step = original
     assert model.train_info_["epochs_run"] >= 3
     assert len(seen) == len(set(seen))
+
+
+def _fit_with_scripted_validation(monkeypatch, val_nlls, **settings):
+    """A small vecchia fit (Adam: no L-BFGS convergence stop) whose validation NLL per epoch is ``val_nlls``."""
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 1, size=(200, 2))
+    y = np.sin(4 * X[:, 0]) + 0.1 * rng.normal(size=200)
+    script = iter(val_nlls)
+    monkeypatch.setattr(training, "validation_metrics", lambda *a, **k: (next(script), 0.0))
+    model = make_model("vecchia", neighbors=5, optimizer="adam", epochs=len(val_nlls), seed=0, **settings)
+    model.fit(X[:150], y[:150], X[150:], y[150:])
+    return model.train_info_
+
+
+def test_gains_below_min_improvement_run_out_patience_and_the_best_state_is_kept(monkeypatch):
+    # gains after epoch 2 sum to 0.0009 < 1e-3 within 5 epochs: stop after epoch 7, keep epoch 7 (the best)
+    nlls = [1.0, 0.9, 0.8998, 0.8996, 0.8994, 0.8992, 0.8991, 0.5, 0.4, 0.3]
+    info = _fit_with_scripted_validation(monkeypatch, nlls, patience=5, min_improvement=1e-3)
+    assert info["epochs_run"] == 7
+    assert info["best_epoch"] == 7 and info["best_val_nll"] == 0.8991
+    # without a threshold every gain resets patience: all 10 epochs run
+    info = _fit_with_scripted_validation(monkeypatch, nlls, patience=5, min_improvement=0.0)
+    assert info["epochs_run"] == 10 and info["best_val_nll"] == 0.3
+
+
+def test_small_gains_that_add_up_to_min_improvement_reset_patience(monkeypatch):
+    # 0.0004 per epoch: the sum passes 1e-3 at epoch 5 (anchor 0.9 -> 0.8988), so patience restarts there
+    nlls = [1.0, 0.9, 0.8996, 0.8992, 0.8988, 0.8988, 0.8988, 0.8988, 0.8988, 0.8988, 0.1]
+    info = _fit_with_scripted_validation(monkeypatch, nlls, patience=5, min_improvement=1e-3)
+    assert info["epochs_run"] == 10
+    assert info["best_epoch"] == 5
