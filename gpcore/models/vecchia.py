@@ -22,12 +22,12 @@ Ordering (``ordering``): ``maxmin`` (default), the exact max-min distance orderi
 fit on the scaled inputs (they do not follow the learned ARD lengthscales). Space-time inputs (lon, lat, t), whose
 prior mean may carry a time trend: docs/methods/spacetime.md (``space_time``, ``time_trend``).
 
-Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's ``optimizer`` (L-BFGS,
-one strong-Wolfe iteration per epoch, or AdamW) on the full Vecchia likelihood (:mod:`gpcore.models.training`, stopped
-once the validation NLL gains under ``min_improvement`` in ``patience`` iterations), backward chunk by chunk (``_step``: memory of one chunk); the lengthscales start at
-the neighbourhood radius (``lengthscale_init=0``). Under ``torchrun ... --distributed`` every rank holds all ordered
-points and computes a contiguous share of the chunks; loss and gradients are summed over ranks at every closure
-evaluation (docs/scaling.md, "Vecchia and dbk-nn").
+Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's ``optimizer`` (L-BFGS, one
+strong-Wolfe iteration per epoch, or AdamW) on the full Vecchia likelihood (:mod:`gpcore.models.training`, stopped
+once the validation NLL gains under ``min_improvement`` in ``patience`` iterations), backward chunk by chunk
+(``_step``: memory of one chunk); the lengthscales start at the neighbourhood radius (``lengthscale_init=0``). Under
+``torchrun ... --distributed`` every rank holds all ordered points and computes a contiguous share of the chunks; loss
+and gradients are summed over ranks at every closure evaluation (docs/scaling.md, "Vecchia and dbk-nn").
 
 Prediction: each new point conditions on its ``pred_neighbors`` (default ``neighbors``) nearest training points:
 ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN + s2 I)^{-1} k_Nx``,
