@@ -93,7 +93,7 @@ class VecchiaConfig(st.SpaceTimeConfig):
     epochs: int = setting(100, help="full-batch steps (L-BFGS iterations or Adam steps)", min=1, main=True)
     lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
                         min_inclusive=False, main=True)
-    patience: int = setting(5, help="iterations without a min_improvement gain (raise both for adam)", min=1)
+    patience: int = setting(10, help="iterations without a min_improvement gain (raise both for adam)", min=1)
     min_improvement: float = setting(1e-3, help="validation-NLL gain that resets patience", min=0.0)
     condition_on_validation: bool = setting(True, help="after training, add the validation rows to the posterior's "
                                             "conditioning set (hyperparameters unchanged, no refit)")
