@@ -50,7 +50,8 @@ is given:
   kept only when it lowers the validation NLL of stage 2.
 
 Feature check (``feature_check``, on by default, needs a validation set): before stage (2) the residual GP is
-fitted alone (``a = 0``, started as a fresh ``vecchia`` fit), stage (2) starts from its residual hyperparameters,
+fitted alone (``a = 0``, started as a fresh ``vecchia`` fit), stage (2) starts from its residual hyperparameters
+(and stops after ``hybrid_patience`` iterations without a gain, not ``patience``: it starts near its optimum),
 and the features are kept only if the hybrid has the lower validation NLL; otherwise the model is its residual
 Vecchia GP (``w`` keeps its prior, the kernel is ``k_r``), ``features_used`` is False and
 ``train_info_["feature_check"]`` holds both NLLs. The reason is the gaps: maximum likelihood always credits the
@@ -66,7 +67,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -85,7 +85,7 @@ from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _cond
 _FEATURE_PARAMS = ("backbone", "expand", "scale", "Z", "raw_ell", "raw_outputscale")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class DBKNNConfig(VecchiaConfig):
     """dbk-nn settings: the residual's Vecchia settings (inherited), the inner DBK's (``dbk_*``) and the
     training mode. Defaults: DBK-RBF as the ``dbk-rbf`` preset but trained in batches of 2048 at a rate of 0.01
@@ -101,18 +101,17 @@ class DBKNNConfig(VecchiaConfig):
     dbk_blocks: int = setting(2, help="DBK residual blocks", min=0, max=16)
     dbk_alpha: float = setting(0.1, help="DBK dPPGP trace weight", min=0.0)
     dbk_beta: float = setting(0.01, help="DBK dPPGP KL weight", min=0.0)
-    dbk_batch_size: int = setting(2048, help="DBK mini-batch size (2048: 3-5x faster than 256, same dbk-nn NLL)",
-                                  min=1)
+    dbk_batch_size: int = setting(2048, help="DBK mini-batch size", min=1)
     dbk_epochs: int = setting(100, help="DBK stage epochs", min=1, main=True)
     dbk_lr: float = setting(1e-2, help="DBK stage learning rate", min=0.0, min_inclusive=False)
     dbk_patience: int = setting(10, help="DBK stage early-stopping patience", min=1)
-    dbk_max_seconds: float = setting(0.0, help="DBK stage time budget in seconds (0 = none)",
-                                                         min=0.0)
+    dbk_max_seconds: float = setting(0.0, help="DBK stage time budget in seconds (0 = none)", min=0.0)
     fscale_init: float = setting(1.0, help="initial feature scale a", min=0.0,
                                                      min_inclusive=False)
     joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
     joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0,
                                                   min_inclusive=False)
+    hybrid_patience: int = setting(5, help="stage (2)'s patience after the feature check's residual fit", min=1)
     feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone (up to epochs "
                                              "and max_seconds again) and keep the DBK features only if they lower "
                                              "the validation NLL (validate on spatial blocks to make this a test "
@@ -339,15 +338,19 @@ class DBKNN(VecchiaGP):
             groups.append({"params": self._feature_parameters(), "weight_decay": weight_decay})
         return groups
 
-    def _train_hybrid(self, Xs, ys, Xv, yv, callback, ws, wv):
-        """Stage 2 (and 3 in ``joint`` mode) — the stages of the module docstring."""
-        history, info = training.train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
+    def _train_hybrid(self, Xs, ys, Xv, yv, callback, ws, wv, patience: int | None = None):
+        """Stage 2 (with ``patience`` instead of the config's) and 3 in ``joint`` mode — the module docstring's."""
+        base = self.config
+        self.config = base.replace(patience=patience or base.patience)
+        try:
+            history, info = training.train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
+        finally:
+            self.config = base
         for h in history:
             h["stage"] = "residual"
         if self.config.train_mode != "joint":
             return history, info
         before = {k: v.detach().clone() for k, v in self.module_.state_dict().items()}
-        base = self.config
         self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs,
                                    patience=base.joint_epochs, min_improvement=0.0)  # every Adam step may count
         self._set_joint(True)
@@ -387,8 +390,9 @@ class DBKNN(VecchiaGP):
         alone = {k: v.detach().clone() for k, v in mod.state_dict().items()}
         mod.features_on, self._phi_cache = True, None
         h2, info = [], {**i1, "best_val_nll": float("inf")}  # cancelled: the residual alone
-        if not i1.get("cancelled"):
-            h2, info = self._train_hybrid(Xs, ys, Xv, yv, _staged(callback, len(h1)), ws, wv)
+        if not i1.get("cancelled"):  # stage (2) starts at the residual fit's optimum: its own patience
+            h2, info = self._train_hybrid(Xs, ys, Xv, yv, _staged(callback, len(h1)), ws, wv,
+                                          patience=self.config.hybrid_patience)
         kept = info["best_val_nll"] < i1["best_val_nll"]
         if not kept:
             mod.features_on = False

@@ -263,3 +263,30 @@ class TestDBKNNBattery(ModelBattery):
     # the battery scores the validation rows against the trainer: the posterior before they join it
     settings = {k: v for k, v in SMALL.items() if k not in ("dtype", "device")} | {"neighbors": 8, "epochs": 4,
                                                                                    "condition_on_validation": False}
+
+
+def test_stage_two_after_the_feature_check_stops_on_hybrid_patience(monkeypatch):
+    """The residual-only fit stops on ``patience``, the hybrid started at its optimum on ``hybrid_patience``: with a
+    validation NLL that never improves after each stage's first epoch, they run 1 + 3 and 1 + 2 epochs."""
+    from gpcore.models import training
+    from gpcore.models.dbknn import DBKNN
+
+    original = training.validation_metrics
+    seen = {}
+
+    def scripted(model, *args, **kwargs):
+        if not isinstance(model, DBKNN):  # stage 1, the DBK: its own metrics
+            return original(model, *args, **kwargs)
+        stage = "hybrid" if model.module_.features_on else "residual only"
+        seen[stage] = seen.get(stage, 0) + 1
+        return (1.0 if seen[stage] == 1 else 1.5), 0.0
+
+    monkeypatch.setattr(training, "validation_metrics", scripted)
+    X, y = _data(120)
+    model = make_model("dbk-nn", **{**SMALL, "epochs": 20, "optimizer": "adam", "patience": 3,
+                                    "hybrid_patience": 2})
+    model.fit(X[:100], y[:100], X[100:], y[100:])
+    stages = [h["stage"] for h in model.history_]
+    assert stages.count("residual only") == 4
+    assert stages.count("residual") == 3
+    assert seen == {"residual only": 4, "hybrid": 3}
