@@ -237,16 +237,23 @@ def run_metrics(mean, var_y, y, strata=None, weights=None, weight_name: str | No
 
 
 def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
-    """The model settings of a run: the config's, plus the model's ``run_recalibration`` (``"group"``; ``"none"``
-    for ``vecchia`` and ``dbk-nn``) when the data has strata and the config does not set ``recalibrate`` itself,
-    plus ``space_time="separable"`` for a ``time_input`` run of a model that has that setting and no value for it."""
+    """The model settings of a run: the config's, plus, when the config does not set ``recalibrate`` itself, the
+    model's ``run_recalibration`` (``"group"``; ``"none"`` for ``vecchia`` and ``dbk-nn``) on data with strata, and
+    at least ``"global"`` on a forecast split (its validation quarter is a one-quarter-ahead forecast, whose error
+    has a part no earlier quarter shows: docs/methods/spacetime.md, "The forecast split"); plus
+    ``space_time="separable"`` for a ``time_input`` run of a model that has that setting and no value for it."""
     from gpcore.models import model_spec
 
     settings = cfg.model_settings()
-    if cfg.time_input and "space_time" in model_spec(cfg.model).cls.Config.field_names():
+    cls = model_spec(cfg.model).cls
+    if cfg.time_input and "space_time" in cls.Config.field_names():
         settings.setdefault("space_time", "separable")
-    if prep.strata is not None and "recalibrate" not in settings:
-        settings["recalibrate"] = model_spec(cfg.model).cls.run_recalibration
+    if "recalibrate" not in settings:
+        kind = cls.run_recalibration if prep.strata is not None else "none"
+        if cfg.split == "forecast" and kind == "none":
+            kind = "global"
+        if kind != "none" or prep.strata is not None:
+            settings["recalibrate"] = kind
     return settings
 
 

@@ -107,6 +107,22 @@ def test_time_input_settings_per_model(st_csv):
     assert "space_time" not in run_model_settings(RunConfig(**{**cfg.to_dict(), "x": None, "model": "svgp"}), prep)
 
 
+def test_a_forecast_run_recalibrates_its_variances_on_the_validation_quarter(st_csv):
+    """Forecast split: ``recalibrate`` defaults to at least "global" (the model's own run default otherwise);
+    a random split keeps the model's default; ``--set recalibrate=...`` wins."""
+    base = {"data": str(st_csv), "y": "download_mbps", "time_input": True, "grid_kind": "none"}
+    forecast = {"split": "forecast", "test_period": "2020Q2:2020Q3"}
+    for model in ("vecchia", "dbk-nn", "svgp"):
+        cfg = RunConfig(**base, **forecast, model=model)
+        assert run_model_settings(cfg, prepare(cfg))["recalibrate"] == "global", model
+        cfg = RunConfig(**base, model=model)
+        assert "recalibrate" not in run_model_settings(cfg, prepare(cfg)), model
+    cfg = RunConfig(**base, **forecast, model="vecchia", settings={"recalibrate": "none"})
+    assert run_model_settings(cfg, prepare(cfg))["recalibrate"] == "none"
+    strata = RunConfig(**base, **forecast, model="svgp", strata="county_metro")
+    assert run_model_settings(strata, prepare(strata))["recalibrate"] == "group", "the model's own default kept"
+
+
 def test_a_model_without_space_time_takes_t_as_an_input(st_csv, tmp_path):
     out = tmp_path / "exact"
     assert main(["fit", "--data", str(st_csv), "--y", "download_mbps", "--model", "exact", "--time-input",
