@@ -65,6 +65,7 @@ Joint posterior: the joint Vecchia prediction of the residual plus the exact low
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import ClassVar
@@ -106,11 +107,9 @@ class DBKNNConfig(VecchiaConfig):
     dbk_lr: float = setting(1e-2, help="DBK stage learning rate", min=0.0, min_inclusive=False)
     dbk_patience: int = setting(10, help="DBK stage early-stopping patience", min=1)
     dbk_max_seconds: float = setting(0.0, help="DBK stage time budget in seconds (0 = none)", min=0.0)
-    fscale_init: float = setting(1.0, help="initial feature scale a", min=0.0,
-                                                     min_inclusive=False)
+    fscale_init: float = setting(1.0, help="initial feature scale a", min=0.0, min_inclusive=False)
     joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
-    joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0,
-                                                  min_inclusive=False)
+    joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0, min_inclusive=False)
     hybrid_patience: int = setting(5, help="stage (2)'s patience after the feature check's residual fit", min=1)
     feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone (up to epochs "
                                              "and max_seconds again) and keep the DBK features only if they lower "
@@ -188,16 +187,12 @@ class DBKNN(VecchiaGP):
         callback = _staged(callback, len(dbk.history_), total)
         self._stage1 = dbk
         cancelled = bool(dbk.train_info_.get("cancelled"))
-        config = self.config
-        if cancelled:  # cancelled in stage 1: one residual iteration (a usable model), no more callbacks
-            self.config = config.replace(epochs=1, train_mode="stagewise")
-            callback = None
-        try:
-            super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, groups=groups,
-                        val_groups=val_groups)
+        try:  # cancelled in stage 1: one residual iteration (a usable model), no more callbacks
+            with self._config_changed(**({"epochs": 1, "train_mode": "stagewise"} if cancelled else {})):
+                super().fit(X, y, X_val, y_val, None if cancelled else callback, weights=weights,
+                            val_weights=val_weights, groups=groups, val_groups=val_groups)
         finally:
             self._stage1 = None
-            self.config = config
         self.train_info_["stage1"] = {k: v for k, v in dbk.train_info_.items() if not isinstance(v, dict)}
         self.train_info_["cancelled"] = self.train_info_.get("cancelled", False) or cancelled
         self.train_info_["fit_seconds"] = time.perf_counter() - t0
@@ -338,26 +333,31 @@ class DBKNN(VecchiaGP):
             groups.append({"params": self._feature_parameters(), "weight_decay": weight_decay})
         return groups
 
-    def _train_hybrid(self, Xs, ys, Xv, yv, callback, ws, wv, patience: int | None = None):
-        """Stage 2 (with ``patience`` instead of the config's) and 3 in ``joint`` mode — the module docstring's."""
+    @contextlib.contextmanager
+    def _config_changed(self, **changes):
+        """``self.config`` with ``changes`` inside the block (a stage's own settings), restored after it."""
         base = self.config
-        self.config = base.replace(patience=patience or base.patience)
+        self.config = base.replace(**changes)
         try:
-            history, info = training.train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
+            yield
         finally:
             self.config = base
+
+    def _train_hybrid(self, Xs, ys, Xv, yv, callback, ws, wv, patience: int | None = None):
+        """Stage 2 (with ``patience`` instead of the config's) and 3 in ``joint`` mode — the module docstring's."""
+        with self._config_changed(**({"patience": patience} if patience else {})):
+            history, info = training.train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
         for h in history:
             h["stage"] = "residual"
         if self.config.train_mode != "joint":
             return history, info
         before = {k: v.detach().clone() for k, v in self.module_.state_dict().items()}
-        self.config = base.replace(optimizer="adam", lr=base.joint_lr, epochs=base.joint_epochs,
-                                   patience=base.joint_epochs, min_improvement=0.0)  # every Adam step may count
         self._set_joint(True)
-        try:
-            h2, i2 = training.train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
+        try:  # every Adam step may count: no threshold, patience = all of them
+            with self._config_changed(optimizer="adam", lr=self.config.joint_lr, epochs=self.config.joint_epochs,
+                                      patience=self.config.joint_epochs, min_improvement=0.0):
+                h2, i2 = training.train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
         finally:
-            self.config = base
             self._set_joint(False)
         for h in h2:
             h["stage"] = "joint"

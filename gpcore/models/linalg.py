@@ -147,7 +147,8 @@ class _RowCombination(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ell, G, Phi):
         ctx.save_for_backward(ell, G, Phi)
-        return _csr(ell, G, Phi.shape[0]) @ Phi
+        ctx.B = _csr(ell, G, Phi.shape[0])  # also the backward's sampling pattern (its values scaled by beta = 0)
+        return ctx.B @ Phi
 
     @staticmethod
     def backward(ctx, g):
@@ -155,8 +156,7 @@ class _RowCombination(torch.autograd.Function):
         g = g.contiguous()
         g_ell = g_phi = None
         if ctx.needs_input_grad[0]:
-            pattern = _csr(torch.zeros_like(ell), G, Phi.shape[0])
-            g_ell = torch.sparse.sampled_addmm(pattern, g, Phi.T, beta=0.0).values().view_as(ell)
+            g_ell = torch.sparse.sampled_addmm(ctx.B, g, Phi.T, beta=0.0).values().view_as(ell)
         if ctx.needs_input_grad[2]:
             rows = (ell.unsqueeze(-1) * g.unsqueeze(1)).reshape(-1, Phi.shape[1])
             g_phi = torch.zeros_like(Phi).index_add_(0, G.reshape(-1), rows)

@@ -340,7 +340,7 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
         if improved:
             best_metric, best_epoch = metric, epoch
             best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        if improved and not metric >= anchor - cfg.min_improvement:
+        if improved and metric < anchor - cfg.min_improvement:
             anchor, stale = metric, 0
         else:  # no gain, or gains that sum to less than min_improvement since the anchor: patience runs
             stale += 1
