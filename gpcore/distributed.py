@@ -438,13 +438,14 @@ class DistributedSteps:
     def reduce_epoch_total(self, total: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        buf = total.reshape(1).to(comm_device(self.ctx))
+        buf = total.reshape(-1).to(comm_device(self.ctx))
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.ctx.group)
-        return buf.reshape(()).to(total.device)
+        return buf.reshape(total.shape).to(total.device)
 
     # ----------------------------------------------------------------- epoch-level agreement
-    def validation_metrics(self, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, float]:
-        """Validation NLL / RMSE over all ranks' validation rows (replicated: the strided shard)."""
+    def validation_metrics(self, Xs, ys, Xv, yv, ws=None, wv=None, rows=False) -> tuple:
+        """Validation NLL / RMSE over all ranks' validation rows (replicated: the strided shard); ``rows=True``
+        also returns this rank's per-row NLLs."""
         import torch.distributed as dist
 
         from gpcore.models.linalg import gaussian_nll
@@ -459,9 +460,10 @@ class DistributedSteps:
                 wv = None if wv is None else wv[self.ctx.rank :: self.W]
             mean, var_f = model.predict_scaled(Xv)
             var_y = var_f + model.likelihood.variance(wv)
+            per_row = gaussian_nll(yv, mean, var_y)
             stats = torch.stack(
                 [
-                    gaussian_nll(yv, mean, var_y).double().sum(),
+                    per_row.double().sum(),
                     (yv - mean).double().pow(2).sum(),
                     torch.tensor(float(yv.shape[0]), dtype=torch.float64, device=mean.device),
                 ]
@@ -469,7 +471,8 @@ class DistributedSteps:
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=self.ctx.group)
         s_nll, s_se, cnt = (float(v) for v in stats.cpu())
         cnt = max(cnt, 1.0)
-        return s_nll / cnt + math.log(model.y_std_), math.sqrt(s_se / cnt) * model.y_std_
+        out = (s_nll / cnt + math.log(model.y_std_), math.sqrt(s_se / cnt) * model.y_std_)
+        return (*out, per_row) if rows else out
 
     def agree(self, *flags: bool) -> list[bool]:
         """Rank 0's flags (cancel, out of time, ...) on every rank."""

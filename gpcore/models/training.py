@@ -74,15 +74,31 @@ class _Cancelled(Exception):
 
 
 @torch.no_grad()
-def validation_metrics(model, Xs, ys, Xv, yv, ws=None, wv=None) -> tuple[float, float]:
-    """Validation NLL and RMSE in the caller's target units (weighted fits: each row's own noise)."""
+def validation_metrics(model, Xs, ys, Xv, yv, ws=None, wv=None, rows=False) -> tuple:
+    """Validation NLL and RMSE in the caller's target units (weighted fits: each row's own noise).
+
+    ``rows=True`` also returns each validation row's NLL (scaled units), for the paired comparison of two
+    checkpoints (:func:`paired_se`)."""
     if model.needs_finalize:
         model.finalize(Xs, ys, ws)
     mean, var_f = model.predict_scaled(Xv)
     var_y = var_f + model.likelihood.variance(wv)  # sigma^2, or tau^2 + sigma^2 / w_v per validation row
-    nll = gaussian_nll(yv, mean, var_y).mean().item() + math.log(model.y_std_)
+    per_row = gaussian_nll(yv, mean, var_y)
+    nll = per_row.mean().item() + math.log(model.y_std_)
     rmse = (yv - mean).pow(2).mean().sqrt().item() * model.y_std_
-    return nll, rmse
+    return (nll, rmse, per_row.detach()) if rows else (nll, rmse)
+
+
+def paired_se(rows: torch.Tensor, ref_rows: torch.Tensor, dist_steps=None) -> float:
+    """Standard error of the mean per-row NLL difference between two checkpoints on the same validation rows
+    (distributed: every rank's rows; the same value on every rank)."""
+    d = (rows - ref_rows).double()
+    sums = torch.stack([d.sum(), d.pow(2).sum(), torch.tensor(float(d.numel()), dtype=torch.float64, device=d.device)])
+    if dist_steps is not None:
+        sums = dist_steps.reduce_epoch_total(sums)
+    s, s2, n = (float(v) for v in sums.cpu())
+    n = max(n, 1.0)
+    return math.sqrt(max(s2 / n - (s / n) ** 2, 0.0) / max(n - 1.0, 1.0))
 
 
 def iterate_batches(n: int, batch_size: int, generator: torch.Generator, device) -> list[torch.Tensor]:
@@ -271,7 +287,10 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
         has_val = Xv is not None and Xv.shape[0] > 0
     else:
         has_val = Xv is not None
-    best_metric, best_epoch, best_state = math.inf, 0, None
+    best_metric, best_epoch, best_state = math.inf, 0, None  # the kept checkpoint
+    lowest, low_rows = math.inf, None  # the lowest metric seen, and its per-row validation NLLs
+    tol = cfg.min_improvement
+    paired = has_val and tol > 0
     history: list[dict] = []
     stale = 0
     anchor = math.inf  # the validation NLL at the last improvement by more than min_improvement
@@ -328,19 +347,29 @@ def _loop(model, module, opt, cfg, Xs, ys, Xv, yv, callback, n, full, dist_steps
             break
         if has_val:
             if dist_steps is not None:
-                val_nll, val_rmse = dist_steps.validation_metrics(Xs, ys, Xv, yv, ws, wv)
+                res = dist_steps.validation_metrics(Xs, ys, Xv, yv, ws, wv, rows=paired)
             else:
-                val_nll, val_rmse = validation_metrics(model, Xs, ys, Xv, yv, ws, wv)
+                res = validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=paired)
+            val_nll, val_rmse = res[0], res[1]
             metric = val_nll
         else:
             val_nll = val_rmse = None
             metric = epoch_loss
-        # a NaN/inf metric never counts as an improvement: the checkpoint kept is always a finite model
-        improved = math.isfinite(metric) and (metric < best_metric - 1e-7 or best_state is None)
+        # a NaN/inf metric never counts as an improvement: the checkpoint kept is always a finite model.
+        # With min_improvement > 0 a later epoch replaces the kept one when the validation rows cannot tell it from
+        # the lowest: its NLL above the lowest by at most min_improvement or two paired standard errors; it is
+        # further along the training objective (docs/methods/common.md#stopping-and-the-kept-checkpoint).
+        finite = math.isfinite(metric)
+        new_low = finite and metric < lowest - 1e-7
+        improved = finite and (new_low or best_state is None)
+        if paired and finite and not improved:
+            improved = metric - lowest <= max(tol, 2.0 * paired_se(res[2], low_rows, dist_steps))
+        if improved and metric <= lowest:
+            lowest, low_rows = metric, (res[2] if paired else None)
         if improved:
             best_metric, best_epoch = metric, epoch
             best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        if improved and metric < anchor - cfg.min_improvement:
+        if new_low and metric < anchor - tol:
             anchor, stale = metric, 0
         else:  # no gain, or gains that sum to less than min_improvement since the anchor: patience runs
             stale += 1

@@ -279,7 +279,8 @@ def test_stage_two_after_the_feature_check_stops_on_hybrid_patience(monkeypatch)
             return original(model, *args, **kwargs)
         stage = "hybrid" if model.module_.features_on else "residual only"
         seen[stage] = seen.get(stage, 0) + 1
-        return (1.0 if seen[stage] == 1 else 1.5), 0.0
+        nll = 1.0 if seen[stage] == 1 else 1.5
+        return (nll, 0.0, torch.full((len(args[3]),), nll)) if kwargs.get("rows") else (nll, 0.0)
 
     monkeypatch.setattr(training, "validation_metrics", scripted)
     X, y = _data(120)

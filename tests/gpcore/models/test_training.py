@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from gpcore import make_model
@@ -83,13 +84,21 @@ def test_vecchia_fit_evaluates_each_point_of_its_path_once():
     assert len(seen) == len(set(seen))
 
 
-def _fit_with_scripted_validation(monkeypatch, val_nlls, **settings):
-    """A small vecchia fit (Adam: no L-BFGS convergence stop) whose validation NLL per epoch is ``val_nlls``."""
+def _fit_with_scripted_validation(monkeypatch, val_nlls, spreads=None, **settings):
+    """A small vecchia fit (Adam: no L-BFGS convergence stop) whose validation NLL per epoch is ``val_nlls``; the
+    50 validation rows' NLLs are that mean plus ``spreads[epoch]`` times one fixed zero-mean, unit-sd pattern."""
     rng = np.random.default_rng(1)
     X = rng.uniform(0, 1, size=(200, 2))
     y = np.sin(4 * X[:, 0]) + 0.1 * rng.normal(size=200)
-    script = iter(val_nlls)
-    monkeypatch.setattr(training, "validation_metrics", lambda *a, **k: (next(script), 0.0))
+    z = torch.tensor(rng.normal(size=50), dtype=torch.float64)
+    z = (z - z.mean()) / z.std()
+    script = iter(zip(val_nlls, spreads or [0.0] * len(val_nlls)))
+
+    def scripted(*args, rows=False, **kwargs):
+        nll, spread = next(script)
+        return (nll, 0.0, nll + spread * z) if rows else (nll, 0.0)
+
+    monkeypatch.setattr(training, "validation_metrics", scripted)
     model = make_model("vecchia", neighbors=5, optimizer="adam", epochs=len(val_nlls), seed=0, **settings)
     model.fit(X[:150], y[:150], X[150:], y[150:])
     return model.train_info_
@@ -111,4 +120,28 @@ def test_small_gains_that_add_up_to_min_improvement_reset_patience(monkeypatch):
     nlls = [1.0, 0.9, 0.8996, 0.8992, 0.8988, 0.8988, 0.8988, 0.8988, 0.8988, 0.8988, 0.1]
     info = _fit_with_scripted_validation(monkeypatch, nlls, patience=5, min_improvement=1e-3)
     assert info["epochs_run"] == 10
-    assert info["best_epoch"] == 5
+    # epochs 6-10 tie the lowest: the validation cannot tell them from epoch 5, so the latest is kept
+    assert info["best_epoch"] == 10 and info["best_val_nll"] == 0.8988
+
+
+def test_a_later_state_the_validation_cannot_tell_from_the_best_is_kept(monkeypatch):
+    """0.05 nats above the lowest, epoch 3+ replaces it only when that is within two paired standard errors of the
+    per-row differences (spread 0.5 on 50 rows: 2 SE = 0.14) and not when the rows agree (spread 0.1: 0.029)."""
+    nlls = [1.0, 0.9, 0.95, 0.95, 0.95]
+    info = _fit_with_scripted_validation(monkeypatch, nlls, [0.0, 0.0, 0.5, 0.5, 0.5], patience=10,
+                                         min_improvement=1e-3)
+    assert info["best_epoch"] == 5 and info["best_val_nll"] == 0.95
+    info = _fit_with_scripted_validation(monkeypatch, nlls, [0.0, 0.0, 0.1, 0.1, 0.1], patience=10,
+                                         min_improvement=1e-3)
+    assert info["best_epoch"] == 2 and info["best_val_nll"] == 0.9
+    # min_improvement = 0 (the default of every model but vecchia and dbk-nn): the lowest validation NLL is kept
+    info = _fit_with_scripted_validation(monkeypatch, nlls, [0.0, 0.0, 0.5, 0.5, 0.5], patience=10,
+                                         min_improvement=0.0)
+    assert info["best_epoch"] == 2
+
+
+def test_paired_se_is_the_standard_error_of_the_mean_difference():
+    rng = np.random.default_rng(3)
+    a, b = torch.tensor(rng.normal(size=40)), torch.tensor(rng.normal(size=40))
+    d = (a - b).numpy()
+    assert training.paired_se(a, b) == pytest.approx(d.std(ddof=1) / np.sqrt(40), rel=1e-12)

@@ -109,12 +109,12 @@ def test_nan_validation_never_counts_as_improved(monkeypatch):
     rng = np.random.default_rng(0)
     X = rng.uniform(-1, 1, (120, 2))
     y = np.sin(3 * X[:, 0])
-    monkeypatch.setattr(T, "validation_metrics", lambda *a: (float("nan"), float("nan")))
+    monkeypatch.setattr(T, "validation_metrics", lambda *a, **k: (float("nan"), float("nan")))
     model = make_model("dbk", rank=8, hidden=8, epochs=3, batch_size=64, seed=0)
     with pytest.raises(TrainingError, match="no finite model"):
         model.fit(X[:80], y[:80], X[80:], y[80:])
     calls = iter([(float("nan"), 1.0), (1.0, 1.0), (2.0, 1.0)])  # NaN first, then finite: epoch 2 is the best
-    monkeypatch.setattr(T, "validation_metrics", lambda *a: next(calls))
+    monkeypatch.setattr(T, "validation_metrics", lambda *a, **k: next(calls))
     model = make_model("dbk", rank=8, hidden=8, epochs=3, batch_size=64, seed=0, patience=5)
     model.fit(X[:80], y[:80], X[80:], y[80:])
     assert model.train_info_["best_epoch"] == 2
