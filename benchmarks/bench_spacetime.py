@@ -119,8 +119,10 @@ def _split_val(idx, seed: int, share: float = 0.1):
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def _fit(name, settings, X, y, w, tr, va, te, seed):
+def _fit(name, settings, X, y, w, tr, va, te, seed, g=None):
     wkw = {} if w is None else {"weights": w[tr], "val_weights": w[va], "test_weights": w[te]}
+    if settings.get("recalibrate") == "group" and g is not None:  # per-stratum scales: the rows' strata
+        wkw.update(val_groups=g[va], test_groups=g[te])
     return fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=seed, **wkw)
 
 
@@ -182,11 +184,13 @@ def forecast_task(cfg: RunConfig, models, sets, args, smoke: bool) -> list[dict]
     for name in models:
         base = {**tiny(name, smoke), **sets.get(name, {})}
         st = {"space_time": "separable", **base}
-        add(name, f"space-time {st['space_time']}", _fit(name, st, X, y, w, tr, va, te, args.seed), len(tr) + len(va))
+        add(name, f"space-time {st['space_time']}", _fit(name, st, X, y, w, tr, va, te, args.seed, g),
+            len(tr) + len(va))
         q_rows = np.concatenate([tr, va])
         q_rows = np.sort(q_rows[qi[q_rows] == qi[va].max()])
         q_tr, q_va = _split_val(q_rows, args.seed)
-        add(name, f"per-quarter {last}", _fit(name, base, X[:, :2], y, w, q_tr, q_va, te, args.seed), len(q_rows))
+        add(name, f"per-quarter {last}", _fit(name, base, X[:, :2], y, w, q_tr, q_va, te, args.seed, g),
+            len(q_rows))
     if args.gpboost == "none":
         stderr("  --gpboost none: no peer rows")
     elif gpboost_available():
@@ -221,7 +225,7 @@ def interp_task(cfg: RunConfig, models, sets, args, smoke: bool) -> list[dict]:
         base = {**tiny(name, smoke), **sets.get(name, {})}
         st = {"space_time": "separable", **base}
         tr, va = _split_val(pool, args.seed)
-        r = _fit(name, st, X, y, w, tr, va, te, args.seed)
+        r = _fit(name, st, X, y, w, tr, va, te, args.seed, g)
         kind = f"space-time {st['space_time']}"
         rows.append(score("interp", "all", name, kind, r["mean"], r["var_y"], y[te], g[te], r["fit_seconds"],
                           len(pool)))
@@ -236,7 +240,7 @@ def interp_task(cfg: RunConfig, models, sets, args, smoke: bool) -> list[dict]:
                 stderr(f"  {name} per-quarter {quarter_label(q)}: {len(q_pool)} rows, too few to fit; skipped")
                 continue
             q_tr, q_va = _split_val(q_pool, args.seed)
-            rq = _fit(name, base, X[:, :2], y, w, q_tr, q_va, idx, args.seed)
+            rq = _fit(name, base, X[:, :2], y, w, q_tr, q_va, idx, args.seed, g)
             per_mean[sel], per_var[sel], fit_total = rq["mean"], rq["var_y"], fit_total + rq["fit_seconds"]
             rows.append(score("interp", quarter_label(q), name, "per-quarter", rq["mean"], rq["var_y"], y[idx], g[idx],
                               rq["fit_seconds"], len(q_pool)))

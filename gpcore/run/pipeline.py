@@ -238,9 +238,10 @@ def run_metrics(mean, var_y, y, strata=None, weights=None, weight_name: str | No
 
 def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
     """The model settings of a run: the config's, plus, when the config does not set ``recalibrate`` itself, the
-    model's ``run_recalibration`` (``"group"``; ``"none"`` for ``vecchia`` and ``dbk-nn``) on data with strata, and
-    at least ``"global"`` on a forecast split (its validation quarter is a one-quarter-ahead forecast, whose error
-    has a part no earlier quarter shows: docs/methods/spacetime.md, "The forecast split"); plus
+    model's ``run_recalibration`` (``"group"``; ``"none"`` for ``vecchia`` and ``dbk-nn``) on data with strata; on a
+    forecast split never ``"none"``: ``"group"`` with strata, else ``"global"`` (its validation quarter is a
+    one-quarter-ahead forecast, whose error has a part no earlier quarter shows, and not equally in every stratum:
+    docs/methods/spacetime.md, "The forecast split"); plus
     ``space_time="separable"`` for a ``time_input`` run of a model that has that setting and no value for it."""
     from gpcore.models import model_spec
 
@@ -251,7 +252,7 @@ def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
     if "recalibrate" not in settings:
         kind = cls.run_recalibration if prep.strata is not None else "none"
         if cfg.split == "forecast" and kind == "none":
-            kind = "global"
+            kind = "group" if prep.strata is not None else "global"
         if kind != "none" or prep.strata is not None:
             settings["recalibrate"] = kind
     return settings

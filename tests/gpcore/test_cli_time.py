@@ -108,8 +108,9 @@ def test_time_input_settings_per_model(st_csv):
 
 
 def test_a_forecast_run_recalibrates_its_variances_on_the_validation_quarter(st_csv):
-    """Forecast split: ``recalibrate`` defaults to at least "global" (the model's own run default otherwise);
-    a random split keeps the model's default; ``--set recalibrate=...`` wins."""
+    """Forecast split: ``recalibrate`` defaults to "global" without strata and "group" with them (the model's own
+    run default where that is not "none"); a random split keeps the model's default; ``--set recalibrate=...``
+    wins."""
     base = {"data": str(st_csv), "y": "download_mbps", "time_input": True, "grid_kind": "none"}
     forecast = {"split": "forecast", "test_period": "2020Q2:2020Q3"}
     for model in ("vecchia", "dbk-nn", "svgp"):
@@ -121,6 +122,11 @@ def test_a_forecast_run_recalibrates_its_variances_on_the_validation_quarter(st_
     assert run_model_settings(cfg, prepare(cfg))["recalibrate"] == "none"
     strata = RunConfig(**base, **forecast, model="svgp", strata="county_metro")
     assert run_model_settings(strata, prepare(strata))["recalibrate"] == "group", "the model's own default kept"
+    for model in ("vecchia", "dbk-nn"):  # their own default is "none": a forecast with strata scales per stratum
+        strata = RunConfig(**base, **forecast, model=model, strata="county_metro")
+        assert run_model_settings(strata, prepare(strata))["recalibrate"] == "group", model
+        random = RunConfig(**base, model=model, strata="county_metro")
+        assert run_model_settings(random, prepare(random))["recalibrate"] == "none", model
 
 
 def test_a_model_without_space_time_takes_t_as_an_input(st_csv, tmp_path):
