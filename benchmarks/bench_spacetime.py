@@ -7,8 +7,10 @@ decimal years). Metrics are in log10 units. Two tasks (``--tasks``):
 
 * ``forecast``: the forecast split (:func:`gpcore.data.splits.forecast_split`, docs/methods/spacetime.md): train on
   2019Q1-2022Q4 (validation = 2022Q4), test on the 2023Q1 tiles and on all of 2023Q1-Q4. Rows per ``--models`` model:
-  the space-time model (``space_time=separable``; ``--set vecchia.space_time=gneiting`` for the other family),
-  (a) the same model fitted per quarter on 2022Q4 alone (lon, lat; a seeded 10 % of those rows validates), and
+  the space-time model with a forecast run's defaults (:func:`gpcore.run.pipeline.run_model_settings`:
+  ``space_time=separable``, the validation quarter's variance scale per metro / non-metro stratum;
+  ``--set vecchia.space_time=gneiting`` for the other family), (a) the same model fitted per quarter on 2022Q4
+  alone (lon, lat; a seeded 10 % of those rows validates and sets one global variance scale), and
   (b) GPBoost's space-time Vecchia GP (``cov_function="matern_space_time"``, ``gp_approx="vecchia"``, package
   defaults otherwise, ``gp_coords`` = (t, lon, lat) as GPBoost wants time first, an intercept as fixed effect) on
   every labelled row the gpcore space-time models saw (training and validation).
@@ -32,6 +34,7 @@ weighted`` passes its ``weights``: error variance divided by the row's count).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -46,7 +49,7 @@ from _peers import gpboost_available
 from gpcore import metrics as M
 from gpcore.data.temporal import decimal_year, quarter_index, quarter_label
 from gpcore.run.config import RunConfig
-from gpcore.run.pipeline import prepare
+from gpcore.run.pipeline import prepare, run_model_settings
 
 MODELS = "vecchia,dbk-nn"
 GPBOOST = "GPBoost space-time vecchia"
@@ -183,14 +186,17 @@ def forecast_task(cfg: RunConfig, models, sets, args, smoke: bool) -> list[dict]
 
     for name in models:
         base = {**tiny(name, smoke), **sets.get(name, {})}
-        st = {"space_time": "separable", **base}
-        add(name, f"space-time {st['space_time']}", _fit(name, st, X, y, w, tr, va, te, args.seed, g),
-            len(tr) + len(va))
+        # the space-time model with a forecast run's defaults (space_time, the validation quarter's variance scales:
+        # per stratum here), as `gpcore fit --split forecast` and the app fit it
+        st = {**run_model_settings(dataclasses.replace(cfg, model=name, settings={}), prep), **base}
+        add(name, f"space-time {st['space_time']}, recalibrate {st.get('recalibrate', 'none')}",
+            _fit(name, st, X, y, w, tr, va, te, args.seed, g), len(tr) + len(va))
         q_rows = np.concatenate([tr, va])
         q_rows = np.sort(q_rows[qi[q_rows] == qi[va].max()])
         q_tr, q_va = _split_val(q_rows, args.seed)
-        add(name, f"per-quarter {last}", _fit(name, base, X[:, :2], y, w, q_tr, q_va, te, args.seed, g),
-            len(q_rows))
+        pq = {"recalibrate": "global", **base}  # its best variant (per stratum: too few rows of one quarter)
+        add(name, f"per-quarter {last}, recalibrate {pq['recalibrate']}",
+            _fit(name, pq, X[:, :2], y, w, q_tr, q_va, te, args.seed, g), len(q_rows))
     if args.gpboost == "none":
         stderr("  --gpboost none: no peer rows")
     elif gpboost_available():
