@@ -31,8 +31,9 @@ class BaseConfig:
     lr: float = setting(1e-3, help="Adam(W) learning rate", min=0.0, min_inclusive=False, main=True)
     weight_decay: float = setting(0.0, help="AdamW weight decay on backbone weights only", min=0.0)
     patience: int = setting(20, help="epochs without validation-NLL improvement before stopping", min=1)
-    min_improvement: float = setting(0.0, help="nats per point the validation NLL must fall within patience epochs "
-                                               "(smaller gains still update the kept best state)", min=0.0)
+    min_improvement: float = setting(0.0, help="nats per point the validation NLL must fall within patience epochs; "
+                                               "above 0 a later state within this or two paired SEs of the lowest "
+                                               "validation NLL is kept", min=0.0)
     max_seconds: float = setting(0.0, help="wall-clock budget for training in seconds (0 = none)", min=0.0)
     device: str = setting("auto", help="'auto' picks CUDA when available, else CPU", choices=("auto", "cpu", "cuda"))
     dtype: str = setting("float32", help="precision of networks and n-sized tensors", choices=tuple(DTYPES))

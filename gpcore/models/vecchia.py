@@ -94,7 +94,8 @@ class VecchiaConfig(st.SpaceTimeConfig):
     lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
                         min_inclusive=False, main=True)
     patience: int = setting(10, help="iterations without a min_improvement gain (raise both for adam)", min=1)
-    min_improvement: float = setting(1e-3, help="validation-NLL gain that resets patience", min=0.0)
+    min_improvement: float = setting(1e-3, help="validation-NLL gain that resets patience; also the kept state's "
+                                                "tolerance", min=0.0)
     condition_on_validation: bool = setting(True, help="after training, add the validation rows to the posterior's "
                                             "conditioning set (hyperparameters unchanged, no refit)")
     joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "
