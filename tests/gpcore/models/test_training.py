@@ -92,7 +92,7 @@ def _fit_with_scripted_validation(monkeypatch, val_nlls, spreads=None, **setting
     y = np.sin(4 * X[:, 0]) + 0.1 * rng.normal(size=200)
     z = torch.tensor(rng.normal(size=50), dtype=torch.float64)
     z = (z - z.mean()) / z.std()
-    script = iter(zip(val_nlls, spreads or [0.0] * len(val_nlls)))
+    script = iter(zip(val_nlls, spreads or [0.0] * len(val_nlls), strict=True))
 
     def scripted(*args, rows=False, **kwargs):
         nll, spread = next(script)
