@@ -44,9 +44,9 @@ def training_note(manifest: dict) -> str:
     if not isinstance(check, dict) or check.get("kept", True):
         return ""
     return (
-        "the DBK features were dropped: the residual GP alone had the lower validation NLL "
-        f"({check.get('residual_only', float('nan')):.3f} against {check.get('with_features', float('nan')):.3f} "
-        "with the features), so this run is a nearest-neighbour (Vecchia) GP."
+        "the DBK features were dropped: they did not lower the validation NLL by more than the fit's threshold "
+        f"({check.get('residual_only', float('nan')):.4f} without them, {check.get('with_features', float('nan')):.4f} "
+        "with them), so this run is a nearest-neighbour (Vecchia) GP."
     )
 
 

@@ -52,7 +52,7 @@ is given:
 Feature check (``feature_check``, on by default, needs a validation set): before stage (2) the residual GP is
 fitted alone (``a = 0``, started as a fresh ``vecchia`` fit), stage (2) starts from its residual hyperparameters
 (and stops after ``hybrid_patience`` iterations without a gain, not ``patience``: it starts near its optimum),
-and the features are kept only if the hybrid has the lower validation NLL; otherwise the model is its residual
+and the features are kept only on a validation-NLL gain above ``min_improvement``; otherwise the model is its residual
 Vecchia GP (``w`` keeps its prior, the kernel is ``k_r``), ``features_used`` is False and
 ``train_info_["feature_check"]`` holds both NLLs. The reason is the gaps: maximum likelihood always credits the
 features with what they fit between measurements, while inside large gaps a DBK extrapolates with confidence
@@ -113,8 +113,8 @@ class DBKNNConfig(VecchiaConfig):
     hybrid_patience: int = setting(5, help="stage (2)'s patience after the feature check's residual fit", min=1)
     feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone (up to epochs "
                                              "and max_seconds again) and keep the DBK features only if they lower "
-                                             "the validation NLL (validate on spatial blocks to make this a test "
-                                             "of the gaps)")
+                                             "the validation NLL by more than min_improvement (validate on spatial "
+                                             "blocks to make this a test of the gaps)")
 
     def dbk_config(self) -> DBKConfig:
         return DBKConfig.from_dict({
@@ -372,7 +372,7 @@ class DBKNN(VecchiaGP):
     def _train(self, Xs, ys, Xv, yv, callback, ws, wv):
         """Stage (2), or with the feature check (setting ``feature_check``, a validation set): the residual GP alone
         first (``a = 0``, started as a fresh ``vecchia`` fit), then stage (2) from its residual hyperparameters (at
-        ``a = 0`` the hybrid is that fit: it converges in fewer iterations), keeping the lower validation NLL."""
+        ``a = 0`` the hybrid is that fit: it converges in fewer iterations); features kept on a real gain only."""
         if not self.config.feature_check or Xv is None or Xv.shape[0] == 0:
             return self._train_hybrid(Xs, ys, Xv, yv, callback, ws, wv)
         mod = self.module_
@@ -393,7 +393,7 @@ class DBKNN(VecchiaGP):
         if not i1.get("cancelled"):  # stage (2) starts at the residual fit's optimum: its own patience
             h2, info = self._train_hybrid(Xs, ys, Xv, yv, _staged(callback, len(h1)), ws, wv,
                                           patience=self.config.hybrid_patience)
-        kept = info["best_val_nll"] < i1["best_val_nll"]
+        kept = info["best_val_nll"] < i1["best_val_nll"] - self.config.min_improvement  # a tie: the simpler model
         if not kept:
             mod.features_on = False
             mod.load_state_dict(alone)

@@ -175,8 +175,9 @@ def test_dbk_nn_trains_from_the_page_with_one_epoch_count_across_its_stages(app,
     # whichever of the two validates better on this tiny fit, the page says what the check decided, in its numbers
     check = run.manifest["train_info"]["feature_check"]
     notes = [i.value for i in app.info if "DBK features were dropped" in i.value]
+    tie = 1e-3  # dbk-nn's min_improvement: a smaller gain of the features is a tie, which drops them
     if check["kept"]:
-        assert check["with_features"] < check["residual_only"] and not notes, [i.value for i in app.info]
+        assert check["with_features"] < check["residual_only"] - tie and not notes, [i.value for i in app.info]
         return
-    assert check["residual_only"] <= check["with_features"]
-    assert len(notes) == 1 and f"{check['residual_only']:.3f}" in notes[0], [i.value for i in app.info]
+    assert check["with_features"] >= check["residual_only"] - tie
+    assert len(notes) == 1 and f"{check['residual_only']:.4f}" in notes[0], [i.value for i in app.info]

@@ -265,6 +265,27 @@ class TestDBKNNBattery(ModelBattery):
                                                                                    "condition_on_validation": False}
 
 
+@pytest.mark.parametrize("gain, min_improvement, kept", [(5e-4, 1e-3, False), (2e-3, 1e-3, True), (5e-4, 0.0, True)])
+def test_feature_check_keeps_the_features_only_on_a_gain_above_min_improvement(monkeypatch, gain, min_improvement,
+                                                                                kept):
+    """A hybrid that validates better than the residual alone by less than ``min_improvement`` is a tie the
+    validation cannot see: the residual alone (the simpler model) is kept."""
+    import gpcore.models.training as T
+
+    real = T.train
+
+    def scripted(model, *args, **kw):
+        history, info = real(model, *args, **kw)
+        if hasattr(model.module_, "dbk"):  # dbk-nn's residual alone, then its hybrid
+            info = {**info, "best_val_nll": 1.0 - (gain if model.module_.features_on else 0.0)}
+        return history, info
+
+    monkeypatch.setattr(T, "train", scripted)
+    model, *_ = _checked_fit(condition_on_validation=False, min_improvement=min_improvement)
+    check = model.train_info_["feature_check"]
+    assert check["kept"] is kept and model.features_used is kept
+
+
 def test_stage_two_after_the_feature_check_stops_on_hybrid_patience(monkeypatch):
     """The residual-only fit stops on ``patience``, the hybrid started at its optimum on ``hybrid_patience``: with a
     validation NLL that never improves after each stage's first epoch, they run 1 + 3 and 1 + 2 epochs."""
