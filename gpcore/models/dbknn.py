@@ -171,8 +171,8 @@ class DBKNN(VecchiaGP):
         "dbk-nn adds a nearest-neighbour residual to the DBK features: intervals keep DBK's input-dependent "
         "width and widen towards the residual's prior away from measurements — but inside large gaps the DBK "
         "features extrapolate with confidence (95 % intervals under-cover in the Heaton cloud-gap "
-        "benchmark). Its feature check drops them when the residual GP alone validates better; train with "
-        "spatial-block splits where the map has large unmeasured areas, so that the check tests the gaps."
+        "benchmark). Its feature check keeps them only if they clearly validate better than the residual GP "
+        "alone; train with spatial-block splits where the map has large unmeasured areas, so the check tests them."
     )
 
     # ---------------------------------------------------------------- stage 1 + build
