@@ -79,6 +79,7 @@ from gpcore.models import training
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
 from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
+from gpcore.models.memo import PointMemo
 from gpcore.models.registry import register
 from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _conditional_terms, vecchia_rows
 
@@ -90,7 +91,7 @@ _FEATURE_PARAMS = ("backbone", "expand", "scale", "Z", "raw_ell", "raw_outputsca
 class DBKNNConfig(VecchiaConfig):
     """dbk-nn settings: the residual's Vecchia settings (inherited), the inner DBK's (``dbk_*``) and the
     training mode. Defaults: DBK-RBF as the ``dbk-rbf`` preset but trained in batches of 2048 at a rate of 0.01
-    (docs/methods/dbknn.md, Settings), Matérn-1/2 residual with 30 neighbours."""
+    until 10 epochs gain less than 1e-3 (docs/methods/dbknn.md, Settings), Matérn-1/2 residual with 30 neighbours."""
 
     train_mode: str = setting("stagewise", help="'stagewise' (DBK, then the residual with the "
                                                   "features frozen) or 'joint' (then all of it together)",
@@ -106,6 +107,8 @@ class DBKNNConfig(VecchiaConfig):
     dbk_epochs: int = setting(100, help="DBK stage epochs", min=1, main=True)
     dbk_lr: float = setting(1e-2, help="DBK stage learning rate", min=0.0, min_inclusive=False)
     dbk_patience: int = setting(10, help="DBK stage early-stopping patience", min=1)
+    dbk_min_improvement: float = setting(1e-3, help="DBK stage validation-NLL gain that resets its patience (as "
+                                         "min_improvement for the residual stages)", min=0.0)
     dbk_max_seconds: float = setting(0.0, help="DBK stage time budget in seconds (0 = none)", min=0.0)
     fscale_init: float = setting(1.0, help="initial feature scale a", min=0.0, min_inclusive=False)
     joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
@@ -121,7 +124,8 @@ class DBKNNConfig(VecchiaConfig):
             "basis": self.dbk_basis, "objective": self.dbk_objective, "rank": self.dbk_rank,
             "hidden": self.dbk_hidden, "blocks": self.dbk_blocks, "alpha": self.dbk_alpha, "beta": self.dbk_beta,
             "batch_size": self.dbk_batch_size, "epochs": self.dbk_epochs, "lr": self.dbk_lr,
-            "patience": self.dbk_patience, "max_seconds": self.dbk_max_seconds, "device": self.device,
+            "patience": self.dbk_patience, "min_improvement": self.dbk_min_improvement,
+            "max_seconds": self.dbk_max_seconds, "device": self.device,
             "dtype": self.dtype, "seed": self.seed, "predict_batch_size": self.predict_batch_size,
         })
 
@@ -148,20 +152,6 @@ class DBKNNModule(VecchiaModule):
         return a if self.features_on else torch.zeros_like(a)
 
 
-def _staged(callback, offset: int, total: int | None = None):
-    """The caller's per-epoch callback with one epoch count across the stages (stage 1's epochs first)."""
-    if callback is None:
-        return None
-
-    def inner(progress):
-        changes = {"epoch": progress.epoch + offset}
-        if total is not None:
-            changes["epochs"] = total
-        return callback(dataclasses.replace(progress, **changes))
-
-    return inner
-
-
 @register("dbk-nn", description="DBK features plus a nearest-neighbour (Vecchia) residual GP")
 class DBKNN(VecchiaGP):
     """DBK + Vecchia residual (module docstring)."""
@@ -183,8 +173,8 @@ class DBKNN(VecchiaGP):
         total = (cfg.dbk_epochs + cfg.epochs + (cfg.joint_epochs if cfg.train_mode == "joint" else 0)
                  + (cfg.epochs if cfg.feature_check and X_val is not None else 0))  # the residual-only refit
         dbk = DBK(**cfg.dbk_config().to_dict())
-        dbk.fit(X, y, X_val, y_val, _staged(callback, 0, total), weights=weights, val_weights=val_weights)
-        callback = _staged(callback, len(dbk.history_), total)
+        dbk.fit(X, y, X_val, y_val, training.staged(callback, 0, total), weights=weights, val_weights=val_weights)
+        callback = training.staged(callback, len(dbk.history_), total)
         self._stage1 = dbk
         cancelled = bool(dbk.train_info_.get("cancelled"))
         try:  # cancelled in stage 1: one residual iteration (a usable model), no more callbacks
@@ -203,7 +193,7 @@ class DBKNN(VecchiaGP):
 
     def _build(self, d, Xs, ys):
         mod = super()._build(d, Xs, ys)
-        self._phi_cache = None
+        self._phi_cache, self._stats_memo = None, PointMemo()
         self._joint = False
         mod.features_on = True if Xs is not None else getattr(self, "_features_on_loaded", True)
         stage1 = getattr(self, "_stage1", None)
@@ -280,6 +270,10 @@ class DBKNN(VecchiaGP):
                 raise torch.linalg.LinAlgError("a factorisation failed on one of the ranks")
         return S, c, uu, ld
 
+    def _stats_point(self, ws) -> tuple:
+        """What the sums depend on: every parameter (features included), the weights and the rows."""
+        return (*self.module_.parameters(), ws, self.module_.X_train.shape[0], self._joint)
+
     def log_likelihood(self, ws: torch.Tensor | None = None) -> torch.Tensor:
         """The hybrid log-likelihood of the (scaled) training targets, float64, differentiable (one pass)."""
         if not self.module_.features_on:
@@ -298,6 +292,7 @@ class DBKNN(VecchiaGP):
         Phi = self._phi_train() if Phi_graph is None else Phi_graph.detach().requires_grad_(True)
         with torch.no_grad():
             stats = [t.detach() for t in self._stats(Phi, wb)]
+        self._stats_memo.put(self._stats_point(wb), stats)  # the posterior at this point needs no pass (memo.py)
         for t in stats:
             t.requires_grad_(True)
         loss = -self._loglik_from_stats(*stats, N) / n
@@ -356,7 +351,7 @@ class DBKNN(VecchiaGP):
         try:  # every Adam step may count: no threshold, patience = all of them
             with self._config_changed(optimizer="adam", lr=self.config.joint_lr, epochs=self.config.joint_epochs,
                                       patience=self.config.joint_epochs, min_improvement=0.0):
-                h2, i2 = training.train(self, Xs, ys, Xv, yv, _staged(callback, len(history)), ws=ws, wv=wv)
+                h2, i2 = training.train(self, Xs, ys, Xv, yv, training.staged(callback, len(history)), ws=ws, wv=wv)
         finally:
             self._set_joint(False)
         for h in h2:
@@ -391,7 +386,7 @@ class DBKNN(VecchiaGP):
         mod.features_on, self._phi_cache = True, None
         h2, info = [], {**i1, "best_val_nll": float("inf")}  # cancelled: the residual alone
         if not i1.get("cancelled"):  # stage (2) starts at the residual fit's optimum: its own patience
-            h2, info = self._train_hybrid(Xs, ys, Xv, yv, _staged(callback, len(h1)), ws, wv,
+            h2, info = self._train_hybrid(Xs, ys, Xv, yv, training.staged(callback, len(h1)), ws, wv,
                                           patience=self.config.hybrid_patience)
         kept = info["best_val_nll"] < i1["best_val_nll"] - self.config.min_improvement  # a tie: the simpler model
         if not kept:
@@ -422,7 +417,7 @@ class DBKNN(VecchiaGP):
             mod.e_train.copy_((mod.y_train.double() - st.prior_mean(mod, mod.X_train)).to(mod.e_train.dtype))
             return
         Phi = self._phi_train()
-        S, c, _, _ = self._stats(Phi, ws)
+        S, c, _, _ = self._stats_memo.get(self._stats_point(ws)) or self._stats(Phi, ws)
         LM = torch.linalg.cholesky(eye + S)
         w_hat = torch.cholesky_solve(c.unsqueeze(-1), LM).squeeze(-1)
         mod.post_m.copy_(w_hat.to(mod.post_m.dtype))

@@ -37,7 +37,7 @@ import functools
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -191,6 +191,21 @@ def _make_optimizer(model, cfg, perf: Performance):
         except (RuntimeError, TypeError, ValueError):
             pass
     return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def staged(callback, offset: int, total: int | None = None):
+    """The caller's per-epoch callback with one epoch count across a multi-stage fit (earlier stages' epochs first:
+    ``offset``; ``total``: all stages' epochs)."""
+    if callback is None:
+        return None
+
+    def inner(progress):
+        changes = {"epoch": progress.epoch + offset}
+        if total is not None:
+            changes["epochs"] = total
+        return callback(replace(progress, **changes))
+
+    return inner
 
 
 def _lbfgs_step(opt, step, device):

@@ -312,3 +312,34 @@ def test_stage_two_after_the_feature_check_stops_on_hybrid_patience(monkeypatch)
     assert stages.count("residual only") == 4
     assert stages.count("residual") == 3
     assert seen == {"residual only": 4, "hybrid": 3}
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_posterior_after_each_iteration_reuses_the_steps_sums_and_the_fit_is_unchanged(weighted, monkeypatch):
+    """The validation after each L-BFGS iteration needs the hybrid's sums at the accepted point, which the line
+    search has just computed: with the memo the fit makes fewer passes over the rows and ends bit for bit where
+    the fit without it (a memo of size 0) ends."""
+    from gpcore.models import dbknn, memo
+
+    passes = {"n": 0}
+    original = dbknn.DBKNN._stats
+
+    def counted(self, *args, **kwargs):
+        passes["n"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(dbknn.DBKNN, "_stats", counted)
+    runs = {}
+    for size in (4, 0):
+        monkeypatch.setattr(dbknn, "PointMemo", lambda size=size: memo.PointMemo(size))
+        passes["n"] = 0
+        model, X, y, w = _checked_fit(weighted, feature_check=False)
+        pred = model.predict(X[150:], weights=None if w is None else w[150:])
+        runs[size] = (passes["n"], model.train_info_["best_val_nll"], pred.mean, pred.var_y,
+                      model.module_.post_m.clone())
+    with_memo, without = runs[4], runs[0]
+    assert with_memo[0] < without[0]
+    assert with_memo[1] == without[1]
+    np.testing.assert_array_equal(with_memo[2], without[2])
+    np.testing.assert_array_equal(with_memo[3], without[3])
+    assert torch.equal(with_memo[4], without[4])
