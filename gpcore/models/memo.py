@@ -1,10 +1,10 @@
 """Values remembered with the exact point they were computed at.
 
-A full-batch model's L-BFGS step computes sums over all training rows at each point its line search tries; the
-posterior that follows the iteration (validation, every epoch) needs the same sums at the point the search accepted,
-which is one of them, bit for bit (torch's L-BFGS re-applies the same update). :class:`PointMemo` returns such a
-value instead of a second pass over the rows; a point that differs in any bit is a miss (docs/methods/dbknn.md).
-"""
+torch's L-BFGS re-applies the same update to reach the point its line search accepted, so that point equals, bit for
+bit, one it has evaluated. Two users: :func:`gpcore.models.training._lbfgs_step` returns the stored loss and gradients
+when the next iteration starts there, and ``dbk-nn``'s posterior after an iteration (validation, every epoch) reuses
+the sums over all training rows its step took there (docs/methods/dbknn.md). A point that differs in any bit is a
+miss."""
 
 from __future__ import annotations
 

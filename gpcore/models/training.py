@@ -44,6 +44,7 @@ import torch
 from gpcore import comm
 from gpcore.errors import TrainingError
 from gpcore.models.linalg import gaussian_nll
+from gpcore.models.memo import PointMemo
 
 
 @dataclass
@@ -217,9 +218,8 @@ def _lbfgs_step(opt, step, device):
     all-reduces loss and gradient, so every rank's line search sees the same values and takes the same step."""
 
     params = [p for g in opt.param_groups for p in g["params"]]
-    memo = opt.__dict__.setdefault("_ua_evaluations", [])  # the previous iteration's (point, loss, gradients)
-    seen = list(memo)
-    memo.clear()
+    seen = opt.__dict__.get("_ua_evaluations") or PointMemo(0)  # the previous iteration's (loss, gradients)
+    memo = opt.__dict__["_ua_evaluations"] = PointMemo(size=opt.defaults["max_eval"] + 1)
 
     def evaluate():
         opt.zero_grad(set_to_none=False)
@@ -239,21 +239,20 @@ def _lbfgs_step(opt, step, device):
         # torch's L-BFGS starts every iteration by evaluating the closure at the point its previous line search
         # ended on, which that search has already evaluated: a full-batch Vecchia pass, half of all passes with
         # one iteration per epoch. The same point (bit for bit) returns the stored loss and gradients instead.
-        point = [p.detach() for p in params]
-        for old_point, old_loss, old_grads in seen:
-            if all(torch.equal(a, b) for a, b in zip(point, old_point, strict=True)):
-                for p, g in zip(params, old_grads, strict=True):
-                    if g is None:
-                        p.grad = None
-                    elif p.grad is None:
-                        p.grad = g.clone()
-                    else:
-                        p.grad.copy_(g)
-                seen.clear()
-                return old_loss
+        hit = seen.get(tuple(params))
+        if hit is not None:
+            old_loss, old_grads = hit
+            for p, g in zip(params, old_grads, strict=True):
+                if g is None:
+                    p.grad = None
+                elif p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+            seen.clear()
+            return old_loss
         loss = evaluate()
-        memo.append(([t.clone() for t in point], loss.detach(),
-                      [None if p.grad is None else p.grad.detach().clone() for p in params]))
+        memo.put(tuple(params), (loss.detach(), [None if p.grad is None else p.grad.detach().clone() for p in params]))
         return loss
 
     return opt.step(closure).detach()
