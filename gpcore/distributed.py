@@ -5,8 +5,9 @@ Launch any mini-batch model on N processes of one machine, or across machines::
     torchrun --nproc_per_node=4 -m gpcore fit --data FILE --y COL --model dbk --out RUN --distributed
 
 Inside, :func:`init_distributed` reads torchrun's environment (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) and picks the backend: NCCL when CUDA GPUs are
-present (each process takes GPU ``LOCAL_RANK``), gloo on CPUs. :func:`session` activates the
+``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) and picks the backend from the device the models train on: NCCL
+when that is a CUDA GPU (each process takes GPU ``LOCAL_RANK``), gloo on CPUs -- also on a machine with GPUs when
+the run asks for ``device="cpu"``. :func:`session` activates the
 context; while it is active, the training loop (:func:`gpcore.models.training.train`, called by
 ``GPModel.fit``) trains across all processes. Every process must make the same ``fit`` call; only rank 0
 should write files. Method and measurements: docs/scaling.md.
@@ -164,11 +165,14 @@ def session(ctx: DistContext | None, sharded: bool | None = None) -> Iterator[Di
 # --------------------------------------------------------------------------------------------
 
 
-def auto_backend() -> str:
-    """``"nccl"`` when CUDA GPUs and NCCL are available, else ``"gloo"``."""
+def auto_backend(device: str | torch.device = "auto") -> str:
+    """``"nccl"`` when the models train on a CUDA GPU (``device`` as models take it: ``"auto"`` is the GPU when
+    there is one) and NCCL is available, else ``"gloo"``: CPU tensors cannot travel over NCCL."""
     import torch.distributed as dist
 
-    if torch.cuda.is_available() and dist.is_nccl_available():
+    from gpcore.device import resolve_device
+
+    if resolve_device(device).type == "cuda" and dist.is_nccl_available():
         return "nccl"
     return "gloo"
 
@@ -177,12 +181,13 @@ def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def init_distributed(backend: str = "auto", timeout_s: float = 1800.0) -> DistContext:
+def init_distributed(backend: str = "auto", timeout_s: float = 1800.0, device: str | torch.device = "auto"
+                     ) -> DistContext:
     """Join the job torchrun started (reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_*``).
 
-    ``backend="auto"`` picks NCCL on GPUs (and binds this process to GPU ``LOCAL_RANK``) and gloo
-    on CPUs. Reuses an already initialised default group. Raises :class:`ConfigError` when the
-    process was not started by torchrun.
+    ``backend="auto"`` picks NCCL when ``device`` (the models' device setting) is a GPU (and binds this process to
+    GPU ``LOCAL_RANK``) and gloo when it is the CPU. Reuses an already initialised default group. Raises
+    :class:`ConfigError` when the process was not started by torchrun.
     """
     import torch.distributed as dist
 
@@ -194,7 +199,7 @@ def init_distributed(backend: str = "auto", timeout_s: float = 1800.0) -> DistCo
                 "--distributed needs the environment torchrun sets up (RANK, WORLD_SIZE, MASTER_ADDR, ...); "
                 "launch with: torchrun --nproc_per_node=N -m gpcore fit ... --distributed"
             )
-        backend = auto_backend() if backend == "auto" else backend
+        backend = auto_backend(device) if backend == "auto" else backend
         if torch.cuda.is_available():  # one GPU per process; models on device "auto" use it
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))

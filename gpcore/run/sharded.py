@@ -128,7 +128,7 @@ def execute_run_distributed(cfg, out_dir, callback=None, log=None, overwrite: bo
     Returns the run directory on rank 0 and ``None`` on the other ranks. The non-zero ranks make
     the same ``fit`` call as ``execute_run`` (training rows, validation rows, model settings).
     """
-    ctx = init_distributed()
+    ctx = init_distributed(device=cfg.model_settings().get("device", "auto"))  # gloo for a CPU run on a GPU box
     try:
         prep = prepare(cfg)
         with session(ctx):

@@ -148,7 +148,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     from gpcore import distributed as D
     from gpcore.run import sharded as S
 
-    ctx = D.init_distributed()
+    ctx = D.init_distributed(device="cpu")  # the models train on the CPU: gloo, also where there is a GPU
     X, y, Xv, yv = _data()
     times = {}
     for case, (name, kw) in _cases().items():
@@ -302,6 +302,23 @@ def test_init_distributed_outside_torchrun_explains(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConfigError, match="torchrun"):
         D.init_distributed()
+
+
+def test_the_backend_follows_the_models_device_not_the_machine(monkeypatch):
+    """On a machine with GPUs a run on ``device="cpu"`` must use gloo: NCCL cannot carry CPU tensors (seen on an H200
+    before this: every distributed CPU test failed with "No backend type associated with device type cpu")."""
+    import torch.distributed as dist
+
+    from gpcore import distributed as D
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert D.auto_backend("cpu") == "gloo"
+    assert D.auto_backend(torch.device("cpu")) == "gloo"
+    assert D.auto_backend("auto") == "nccl"
+    assert D.auto_backend("cuda") == "nccl"
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert D.auto_backend("cuda") == "gloo"
 
 
 @pytest.fixture

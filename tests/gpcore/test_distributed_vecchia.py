@@ -125,7 +125,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     torch.set_num_threads(1)
     from gpcore import distributed as D
 
-    ctx = D.init_distributed(timeout_s=60)  # ranks out of step fail the test instead of hanging it
+    ctx = D.init_distributed(timeout_s=60, device="cpu")  # ranks out of step fail the test instead of hanging it
     for case, (name, kw, weighted) in CASES.items():
         with D.session(ctx):
             model = _fit(name, kw, weighted)
