@@ -50,12 +50,14 @@ is given:
   kept only when it lowers the validation NLL of stage 2.
 
 Feature check (``feature_check``, on by default, needs a validation set): before stage (2) the residual GP is
-fitted alone (``a = 0``, started as a fresh ``vecchia`` fit), stage (2) starts from its residual hyperparameters
-(and stops after ``hybrid_patience`` iterations without a gain, not ``patience``: it starts near its optimum),
-and the features are kept only on a validation-NLL gain above ``min_improvement``; otherwise the model is its residual
-Vecchia GP (``w`` keeps its prior, the kernel is ``k_r``), ``features_used`` is False and
-``train_info_["feature_check"]`` holds both NLLs. The reason is the gaps: maximum likelihood always credits the
-features with what they fit between measurements, while inside large gaps a DBK extrapolates with confidence
+fitted alone (``a = 0``, started as a fresh ``vecchia`` fit); the screen (``feature_screen``,
+:mod:`gpcore.models.dbknn_screen`) then fits the features' scale ``a`` and a common scale ``c`` of the residual at
+that fit's covariance shape in closed form, and stage (2) runs only when that lowers the validation NLL, starting
+there (and stopping after ``hybrid_patience`` iterations without a gain, not ``patience``: it starts near its
+optimum); the features are kept only on a validation-NLL gain above ``min_improvement``; otherwise the model is its
+residual Vecchia GP (``w`` keeps its prior, the kernel is ``k_r``), ``features_used`` is False and
+``train_info_["feature_check"]`` holds both NLLs and the screen's. The reason is the gaps: maximum likelihood always
+credits the features with what they fit between measurements, while inside large gaps a DBK extrapolates with confidence
 (docs/benchmarks/heaton.md). Validated on spatial blocks (``split="block"``) it asks whether they help in gaps.
 
 Kernel: ``k(x, x') = a^2 phi(x)^T phi(x') + k_r(x, x')`` (the prior the kernel slice shows).
@@ -65,7 +67,6 @@ Joint posterior: the joint Vecchia prediction of the residual plus the exact low
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from typing import ClassVar
@@ -78,6 +79,7 @@ from gpcore.models import spacetime as st
 from gpcore.models import training
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
+from gpcore.models.dbknn_screen import screen_features
 from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
 from gpcore.models.memo import PointMemo
 from gpcore.models.registry import register
@@ -114,6 +116,8 @@ class DBKNNConfig(VecchiaConfig):
     joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
     joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0, min_inclusive=False)
     hybrid_patience: int = setting(5, help="stage (2)'s patience after the feature check's residual fit", min=1)
+    feature_screen: bool = setting(True, help="feature check: fit the full hybrid only when the features, at the "
+                                   "residual fit's covariance shape, lower the validation NLL (dbknn_screen.py)")
     feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone (up to epochs "
                                              "and max_seconds again) and keep the DBK features only if they lower "
                                              "the validation NLL by more than min_improvement (validate on spatial "
@@ -178,7 +182,7 @@ class DBKNN(VecchiaGP):
         self._stage1 = dbk
         cancelled = bool(dbk.train_info_.get("cancelled"))
         try:  # cancelled in stage 1: one residual iteration (a usable model), no more callbacks
-            with self._config_changed(**({"epochs": 1, "train_mode": "stagewise"} if cancelled else {})):
+            with training.config_changed(self, **({"epochs": 1, "train_mode": "stagewise"} if cancelled else {})):
                 super().fit(X, y, X_val, y_val, None if cancelled else callback, weights=weights,
                             val_weights=val_weights, groups=groups, val_groups=val_groups)
         finally:
@@ -328,19 +332,9 @@ class DBKNN(VecchiaGP):
             groups.append({"params": self._feature_parameters(), "weight_decay": weight_decay})
         return groups
 
-    @contextlib.contextmanager
-    def _config_changed(self, **changes):
-        """``self.config`` with ``changes`` inside the block (a stage's own settings), restored after it."""
-        base = self.config
-        self.config = base.replace(**changes)
-        try:
-            yield
-        finally:
-            self.config = base
-
     def _train_hybrid(self, Xs, ys, Xv, yv, callback, ws, wv, patience: int | None = None):
         """Stage 2 (with ``patience`` instead of the config's) and 3 in ``joint`` mode — the module docstring's."""
-        with self._config_changed(**({"patience": patience} if patience else {})):
+        with training.config_changed(self, **({"patience": patience} if patience else {})):
             history, info = training.train(self, Xs, ys, Xv, yv, callback, ws=ws, wv=wv)
         for h in history:
             h["stage"] = "residual"
@@ -349,8 +343,9 @@ class DBKNN(VecchiaGP):
         before = {k: v.detach().clone() for k, v in self.module_.state_dict().items()}
         self._set_joint(True)
         try:  # every Adam step may count: no threshold, patience = all of them
-            with self._config_changed(optimizer="adam", lr=self.config.joint_lr, epochs=self.config.joint_epochs,
-                                      patience=self.config.joint_epochs, min_improvement=0.0):
+            with training.config_changed(self, optimizer="adam", lr=self.config.joint_lr,
+                                         epochs=self.config.joint_epochs, patience=self.config.joint_epochs,
+                                         min_improvement=0.0):
                 h2, i2 = training.train(self, Xs, ys, Xv, yv, training.staged(callback, len(history)), ws=ws, wv=wv)
         finally:
             self._set_joint(False)
@@ -366,8 +361,9 @@ class DBKNN(VecchiaGP):
 
     def _train(self, Xs, ys, Xv, yv, callback, ws, wv):
         """Stage (2), or with the feature check (setting ``feature_check``, a validation set): the residual GP alone
-        first (``a = 0``, started as a fresh ``vecchia`` fit), then stage (2) from its residual hyperparameters (at
-        ``a = 0`` the hybrid is that fit: it converges in fewer iterations); features kept on a real gain only."""
+        first (``a = 0``, started as a fresh ``vecchia`` fit), the screen at its shape, then stage (2) from the
+        screen's point if the screen validated better (it converges in fewer iterations); features kept on a real
+        gain only."""
         if not self.config.feature_check or Xv is None or Xv.shape[0] == 0:
             return self._train_hybrid(Xs, ys, Xv, yv, callback, ws, wv)
         mod = self.module_
@@ -385,7 +381,11 @@ class DBKNN(VecchiaGP):
         alone = {k: v.detach().clone() for k, v in mod.state_dict().items()}
         mod.features_on, self._phi_cache = True, None
         h2, info = [], {**i1, "best_val_nll": float("inf")}  # cancelled: the residual alone
-        if not i1.get("cancelled"):  # stage (2) starts at the residual fit's optimum: its own patience
+        screen = None if i1.get("cancelled") or not self.config.feature_screen else screen_features(
+            self, Xs, ys, Xv, yv, ws, wv)  # (a, c) at the residual's shape, left in the model
+        if screen is not None and not screen["val_nll"] < i1["best_val_nll"]:
+            info = {**i1, "best_val_nll": screen["val_nll"]}  # no gain at the fitted shape: no hybrid fit
+        elif not i1.get("cancelled"):  # stage (2) starts at the residual fit's optimum (or the screen's): own patience
             h2, info = self._train_hybrid(Xs, ys, Xv, yv, training.staged(callback, len(h1)), ws, wv,
                                           patience=self.config.hybrid_patience)
         kept = info["best_val_nll"] < i1["best_val_nll"] - self.config.min_improvement  # a tie: the simpler model
@@ -394,7 +394,8 @@ class DBKNN(VecchiaGP):
             mod.load_state_dict(alone)
             self._phi_cache = None
         check = {"with_features": info["best_val_nll"], "residual_only": i1["best_val_nll"], "kept": kept,
-                 "epochs_run": i1.get("epochs_run"), "train_seconds": i1.get("train_seconds")}
+                 "epochs_run": i1.get("epochs_run"), "train_seconds": i1.get("train_seconds"), "screen": screen,
+                 "hybrid_fitted": bool(h2)}
         out = {**(info if kept else i1), "feature_check": check,
                "cancelled": bool(info.get("cancelled") or i1.get("cancelled"))}
         return h1 + h2, out

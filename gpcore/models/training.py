@@ -33,6 +33,7 @@ Cholesky factors, QR and the small ``r x r`` solves are never touched by these s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -207,6 +208,17 @@ def staged(callback, offset: int, total: int | None = None):
         return callback(replace(progress, **changes))
 
     return inner
+
+
+@contextlib.contextmanager
+def config_changed(model, **changes):
+    """``model.config`` with ``changes`` inside the block (a stage's own settings), restored after it."""
+    base = model.config
+    model.config = base.replace(**changes)
+    try:
+        yield
+    finally:
+        model.config = base
 
 
 def _lbfgs_step(opt, step, device):

@@ -171,7 +171,7 @@ def test_feature_check_drops_features_that_validate_worse_than_the_residual_alon
 
     monkeypatch.setattr(T, "train", hybrid_loses)
     # scored on the validation rows: the posterior before they join its conditioning set
-    model, X, y, w = _checked_fit(weighted, condition_on_validation=False)
+    model, X, y, w = _checked_fit(weighted, condition_on_validation=False, feature_screen=False)
     check = model.train_info_["feature_check"]
     assert model.weighted == weighted
     assert {h["stage"] for h in model.history_} == {"residual", "residual only"}
@@ -203,7 +203,7 @@ def test_feature_check_fits_the_residual_first_and_starts_the_hybrid_from_it(mon
         return history, info
 
     monkeypatch.setattr(T, "train", residual_alone_loses)
-    model, X, y, _ = _checked_fit(condition_on_validation=False)
+    model, X, y, _ = _checked_fit(condition_on_validation=False, feature_screen=False)
     assert [s for s, _ in seen] == ["alone end", "hybrid start"]
     for k in names:
         assert torch.equal(seen[0][1][k], seen[1][1][k]), k
@@ -281,7 +281,7 @@ def test_feature_check_keeps_the_features_only_on_a_gain_above_min_improvement(m
         return history, info
 
     monkeypatch.setattr(T, "train", scripted)
-    model, *_ = _checked_fit(condition_on_validation=False, min_improvement=min_improvement)
+    model, *_ = _checked_fit(condition_on_validation=False, min_improvement=min_improvement, feature_screen=False)
     check = model.train_info_["feature_check"]
     assert check["kept"] is kept and model.features_used is kept
 
@@ -306,7 +306,7 @@ def test_stage_two_after_the_feature_check_stops_on_hybrid_patience(monkeypatch)
     monkeypatch.setattr(training, "validation_metrics", scripted)
     X, y = _data(120)
     model = make_model("dbk-nn", **{**SMALL, "epochs": 20, "optimizer": "adam", "patience": 3,
-                                    "hybrid_patience": 2})
+                                    "hybrid_patience": 2, "feature_screen": False})
     model.fit(X[:100], y[:100], X[100:], y[100:])
     stages = [h["stage"] for h in model.history_]
     assert stages.count("residual only") == 4
@@ -343,3 +343,79 @@ def test_the_posterior_after_each_iteration_reuses_the_steps_sums_and_the_fit_is
     np.testing.assert_array_equal(with_memo[2], without[2])
     np.testing.assert_array_equal(with_memo[3], without[3])
     assert torch.equal(with_memo[4], without[4])
+
+
+# ---------------------------------------------------------------- the feature screen (dbknn_screen.py)
+def _screen_ll(a, c, lam, h, uu, ld, n):
+    """The restricted hybrid log-likelihood at ``(a, c)``, not maximised over ``c`` (dbknn_screen's docstring)."""
+    t = a * a / c
+    d = 1.0 + t * lam
+    return (-0.5 * n * np.log(2 * np.pi) - 0.5 * (ld + n * np.log(c)) - 0.5 * np.log(d).sum()
+            - (uu - t * (h / d).sum()) / (2 * c))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_screens_closed_form_is_the_hybrid_likelihood_of_its_family(weighted):
+    """One pass gives the hybrid log-likelihood of every ``(a, c)``: the features at scale ``a`` and the residual's
+    outputscale, noise and nugget times ``c``. Against the model's own chunked likelihood, float64; and ``c(t)``
+    maximises it for each ``t``."""
+    from gpcore.models import dbknn_screen as S
+
+    X, y = _data(n=90, seed=3)
+    w = np.random.default_rng(2).integers(1, 9, size=90).astype(float) if weighted else None
+    model = make_model("dbk-nn", neighbors=7, chunk_size=16, **SMALL).fit(X, y, weights=w)
+    _set_hypers(model)
+    ws = None if w is None else model._to_tensor(w)
+    model.finalize(model.scale_x(X), model.scale_y(y), ws)
+    base = {k: v.clone() for k, v in model.module_.state_dict().items()}
+    lam, h, uu, ld, n = S.screen_sums(model, ws)
+    assert n == 90 and (lam >= 0).all()
+    for a, c in [(0.3, 1.0), (1.7, 0.6), (0.05, 2.5)]:
+        model.module_.load_state_dict(base)
+        S.apply_scale(model, a, c)
+        ref = model.log_likelihood(ws).item()
+        assert _screen_ll(a, c, lam, h, uu, ld, n) == pytest.approx(ref, rel=1e-10)
+        t = a * a / c
+        best, c_t = S.profile_loglik(t, lam, h, uu, ld, n)
+        assert best == pytest.approx(_screen_ll(np.sqrt(t * c_t), c_t, lam, h, uu, ld, n), rel=1e-12)
+        for f in (0.9, 1.1):
+            assert best > _screen_ll(np.sqrt(t * c_t * f), c_t * f, lam, h, uu, ld, n)
+    a, c, ll = S.best_scale(lam, h, uu, ld, n)
+    assert ll >= S.profile_loglik(0.0, lam, h, uu, ld, n)[0]
+    for t in (1e-4, 1e-2, 1.0, 1e2):
+        assert ll >= S.profile_loglik(t, lam, h, uu, ld, n)[0] - 1e-9
+
+
+@pytest.mark.parametrize("screen_wins", [False, True])
+def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_there(monkeypatch, screen_wins):
+    """No validation gain at the residual's shape: no hybrid fit, the features are dropped and the check reports the
+    screen's NLL. A gain: the hybrid starts at the screen's point (its ``a`` and scaled residual)."""
+    import gpcore.models.training as T
+    from gpcore.models import dbknn
+
+    real_screen, real_train = dbknn.screen_features, T.train
+    seen = {}
+
+    def scripted(model, *args, **kw):
+        out = real_screen(model, *args, **kw)
+        seen["after screen"] = {k: v.detach().clone() for k, v in model.module_.state_dict().items()}
+        return {**out, "val_nll": -np.inf if screen_wins else np.inf}
+
+    def watched(model, *args, **kw):
+        if hasattr(model.module_, "dbk") and model.module_.features_on:
+            seen["hybrid start"] = {k: v.detach().clone() for k, v in model.module_.state_dict().items()}
+        return real_train(model, *args, **kw)
+
+    monkeypatch.setattr(dbknn, "screen_features", scripted)
+    monkeypatch.setattr(T, "train", watched)
+    model, *_ = _checked_fit(condition_on_validation=False)
+    check = model.train_info_["feature_check"]
+    stages = {h["stage"] for h in model.history_}
+    assert check["hybrid_fitted"] is screen_wins and ("residual" in stages) is screen_wins
+    assert check["screen"]["a"] >= 0 and check["screen"]["c"] > 0
+    if screen_wins:
+        for k, v in seen["after screen"].items():
+            assert torch.equal(v, seen["hybrid start"][k]), k
+    else:
+        assert "hybrid start" not in seen
+        assert check["with_features"] == np.inf and not check["kept"] and not model.features_used
