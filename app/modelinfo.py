@@ -43,10 +43,12 @@ def training_note(manifest: dict) -> str:
     check = (manifest.get("train_info") or {}).get("feature_check")
     if not isinstance(check, dict) or check.get("kept", True):
         return ""
+    # hybrid_fitted False: the screen saw no gain at the residual's shape and skipped the hybrid (dbknn_screen.py)
+    where = " at the residual GP's fitted covariance shape" if check.get("hybrid_fitted") is False else ""
     return (
         "the DBK features were dropped: they did not lower the validation NLL by more than the fit's threshold "
         f"({check.get('residual_only', float('nan')):.4f} without them, {check.get('with_features', float('nan')):.4f} "
-        "with them), so this run is a nearest-neighbour (Vecchia) GP."
+        f"with them{where}), so this run is a nearest-neighbour (Vecchia) GP."
     )
 
 
