@@ -383,12 +383,12 @@ class DBKNN(VecchiaGP):
         h2, info = [], {**i1, "best_val_nll": float("inf")}  # cancelled: the residual alone
         screen = None if i1.get("cancelled") or not self.config.feature_screen else screen_features(
             self, Xs, ys, Xv, yv, ws, wv)  # (a, c) at the residual's shape, left in the model
-        if screen is not None and not screen["val_nll"] < i1["best_val_nll"]:
+        if screen is not None and not (screen["a"] > 0 and screen["val_nll"] < i1["best_val_nll"]):
             info = {**i1, "best_val_nll": screen["val_nll"]}  # no gain at the fitted shape: no hybrid fit
         elif not i1.get("cancelled"):  # stage (2) starts at the residual fit's optimum (or the screen's): own patience
             h2, info = self._train_hybrid(Xs, ys, Xv, yv, training.staged(callback, len(h1)), ws, wv,
                                           patience=self.config.hybrid_patience)
-        kept = info["best_val_nll"] < i1["best_val_nll"] - self.config.min_improvement  # a tie: the simpler model
+        kept = bool(h2) and info["best_val_nll"] < i1["best_val_nll"] - self.config.min_improvement  # tie: simpler
         if not kept:
             mod.features_on = False
             mod.load_state_dict(alone)

@@ -15,9 +15,10 @@ V^T``, ``h = (V^T U0^T u0)^2`` and ``t = a^2 / c``, one pass over the rows gives
 
 whose maximum over ``c`` for a given ``t`` is ``c(t) = q(t) / n``, ``q(t)`` the bracket: a one-dimensional search over
 ``t`` (``t = 0``: the residual fit itself). The screen puts the best ``(a, c)`` into the model and scores it on the
-validation rows. The full hybrid (every residual hyperparameter free) is fitted, from there, only when that
-validation NLL is below the residual fit's; otherwise the features cannot have shown a gain at the fitted shape and
-are dropped without it.
+validation rows. The full hybrid (every residual hyperparameter free) is fitted, from there, only when ``a > 0`` and
+that validation NLL is below the residual fit's; otherwise the features showed no gain at the fitted shape and are
+dropped without it. (With ``a = 0`` the screen's point is the residual GP rescaled by ``c``: a validation gain there
+is the scale's, not the features'.)
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def best_scale(lam, h, uu: float, ld: float, n: int) -> tuple[float, float, floa
     t = math.exp(float(r.x))
     ll, c = profile_loglik(t, lam, h, uu, ld, n)
     ll0, c0 = profile_loglik(0.0, lam, h, uu, ld, n)
-    if ll0 >= ll:
+    if ll - ll0 <= 1e-9 * n:  # no gain beyond rounding: the features get a = 0 exactly (the screen then skips)
         return 0.0, c0, ll0
     return math.sqrt(t * c), c, ll
 

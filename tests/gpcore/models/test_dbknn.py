@@ -386,20 +386,22 @@ def test_the_screens_closed_form_is_the_hybrid_likelihood_of_its_family(weighted
         assert ll >= S.profile_loglik(t, lam, h, uu, ld, n)[0] - 1e-9
 
 
-@pytest.mark.parametrize("screen_wins", [False, True])
-def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_there(monkeypatch, screen_wins):
-    """No validation gain at the residual's shape: no hybrid fit, the features are dropped and the check reports the
-    screen's NLL. A gain: the hybrid starts at the screen's point (its ``a`` and scaled residual)."""
+@pytest.mark.parametrize("a, val, hybrid", [(0.5, np.inf, False), (0.5, -np.inf, True), (0.0, -np.inf, False)])
+def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_there(monkeypatch, a, val, hybrid):
+    """No validation gain at the residual's shape, or one with ``a = 0`` (the residual rescaled, no features): no
+    hybrid fit, the features are dropped and the check reports the screen's NLL. A gain with ``a > 0``: the hybrid
+    starts at the screen's point (its ``a`` and scaled residual)."""
     import gpcore.models.training as T
-    from gpcore.models import dbknn
+    from gpcore.models import dbknn, dbknn_screen
 
     real_screen, real_train = dbknn.screen_features, T.train
     seen = {}
 
     def scripted(model, *args, **kw):
         out = real_screen(model, *args, **kw)
+        dbknn_screen.apply_scale(model, a, 1.0)  # the scale this case scripts, at the screen's residual scale
         seen["after screen"] = {k: v.detach().clone() for k, v in model.module_.state_dict().items()}
-        return {**out, "val_nll": -np.inf if screen_wins else np.inf}
+        return {**out, "a": a, "val_nll": val}
 
     def watched(model, *args, **kw):
         if hasattr(model.module_, "dbk") and model.module_.features_on:
@@ -411,11 +413,11 @@ def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_t
     model, *_ = _checked_fit(condition_on_validation=False)
     check = model.train_info_["feature_check"]
     stages = {h["stage"] for h in model.history_}
-    assert check["hybrid_fitted"] is screen_wins and ("residual" in stages) is screen_wins
-    assert check["screen"]["a"] >= 0 and check["screen"]["c"] > 0
-    if screen_wins:
+    assert check["hybrid_fitted"] is hybrid and ("residual" in stages) is hybrid
+    assert check["screen"]["a"] == a and check["screen"]["c"] > 0
+    if hybrid:
         for k, v in seen["after screen"].items():
             assert torch.equal(v, seen["hybrid start"][k]), k
     else:
         assert "hybrid start" not in seen
-        assert check["with_features"] == np.inf and not check["kept"] and not model.features_used
+        assert check["with_features"] == val and not check["kept"] and not model.features_used
