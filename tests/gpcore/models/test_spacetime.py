@@ -448,3 +448,23 @@ def test_likelihood_gradient_equals_the_dense_space_time_gradient(kind):
     X, y = _data()
     model = _fit(X, y, kind)
     assert_vecchia_gradient_equals_dense(model)
+
+
+@pytest.mark.parametrize("kind", ["separable", "gneiting"])
+def test_dbknn_feature_screen_holds_in_space_time(kind):
+    """The screen's closed form (dbknn_screen.py) needs the residual's covariance to scale with its outputscale and
+    noise alone: true of the space-time kernels too, with the prior mean's time trend held fixed."""
+    from gpcore.models import dbknn_screen as S
+
+    X, y = _data(n=64)
+    model = _fit(X, y, kind, name="dbk-nn", full=False, neighbors=9)
+    base = {k: v.clone() for k, v in model.module_.state_dict().items()}
+    lam, h, uu, ld, n = S.screen_sums(model)
+    for a, c in [(0.4, 0.7), (1.5, 1.8)]:
+        model.module_.load_state_dict(base)
+        S.apply_scale(model, a, c)
+        t = a * a / c
+        d = 1.0 + t * lam
+        closed = (-0.5 * n * np.log(2 * np.pi) - 0.5 * (ld + n * np.log(c)) - 0.5 * np.log(d).sum()
+                  - (uu - t * (h / d).sum()) / (2 * c))
+        assert closed == pytest.approx(model.log_likelihood().item(), rel=1e-10)
