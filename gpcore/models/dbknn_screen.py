@@ -80,7 +80,7 @@ def apply_scale(model, a: float, c: float) -> None:
         mod.raw_outputscale.fill_(inv_softplus(float(mod.outputscale) * c))
         mod.raw_noise.fill_(inv_softplus(max(float(mod.noise) * c - mod.noise_floor, 1e-12)))
         if hasattr(mod, "raw_nugget"):
-            mod.raw_nugget.fill_(inv_softplus(max(float(torch.nn.functional.softplus(mod.raw_nugget)) * c, 1e-12)))
+            mod.raw_nugget.fill_(inv_softplus(max(float(model._nugget_s()) * c, 1e-12)))
 
 
 def screen_features(model, Xs, ys, Xv, yv, ws=None, wv=None) -> dict:
@@ -89,8 +89,7 @@ def screen_features(model, Xs, ys, Xv, yv, ws=None, wv=None) -> dict:
     t0 = time.perf_counter()
     lam, h, uu, ld, n = screen_sums(model, ws)
     a, c, ll = best_scale(lam, h, uu, ld, n)
-    apply_scale(model, a, c)
-    model._phi_cache = None
+    apply_scale(model, a, c)  # phi does not depend on (a, c): the cached features stay valid
     val = training.validation_metrics(model, Xs, ys, Xv, yv, ws, wv)[0]
     ll0 = profile_loglik(0.0, lam, h, uu, ld, n)[0]
     return {"a": a, "c": c, "loglik_gain_per_row": (ll - ll0) / n, "val_nll": val,
