@@ -74,7 +74,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from gpcore.comm import count_once, own_chunks, reduce_stats_, splits_terms
+from gpcore.comm import count_once, reduce_stats_, splits_terms
 from gpcore.models import spacetime as st
 from gpcore.models import training
 from gpcore.models.config import setting
@@ -83,6 +83,7 @@ from gpcore.models.dbknn_screen import screen_features
 from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
 from gpcore.models.memo import PointMemo
 from gpcore.models.registry import register
+from gpcore.models.terms import current_terms
 from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _conditional_terms, vecchia_rows
 
 #: the DBK parameters that shape phi (the others — q(w), DBK's own noise and mean — are unused here)
@@ -229,11 +230,11 @@ class DBKNN(VecchiaGP):
         return self._phi_cache
 
     # ---------------------------------------------------------------- the hybrid likelihood
-    def _chunk_terms(self, start: int, stop: int, Phi: torch.Tensor, ws: torch.Tensor | None = None):
-        """``(U, u, log Dv)`` of ordered training points ``start .. stop`` (float64, with a graph; ``ws`` as in
+    def _chunk_terms(self, idx: torch.Tensor, first: int, Phi: torch.Tensor, ws: torch.Tensor | None = None):
+        """``(U, u, log Dv)`` of ordered training rows ``idx`` (from ``first``; float64, with a graph; ``ws`` as in
         :meth:`vecchia_terms`)."""
         mod = self.module_
-        valid, Gc, Xg, z = self._chunk_groups(start, stop)
+        valid, Gc, Xg, z = self._chunk_groups(idx, first)
         ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))  # zero at padding entries
         U = mod.fscale.double() * combine_rows(ell, Gc, Phi)
         return U, (ell * z).sum(-1), -2.0 * torch.log(ell[:, -1])
@@ -247,10 +248,9 @@ class DBKNN(VecchiaGP):
 
     def _stats(self, Phi: torch.Tensor, ws: torch.Tensor | None = None):
         """``(U^T U, U^T u, |u|^2, sum log Dv)``; in a distributed step over this rank's chunks, then summed over
-        ranks (no graph there), a factorisation failing on any rank raising on every rank (docs/scaling.md)."""
-        n = self.module_.X_train.shape[0]
-        p = Phi.shape[1]
-        dev = Phi.device
+        ranks (no graph there), a factorisation failing on any rank raising on every rank (docs/scaling.md). While
+        fitting above ``likelihood_points`` rows: the subset's sums times ``n / k`` (:mod:`gpcore.models.terms`)."""
+        t, p, dev = current_terms(self), Phi.shape[1], Phi.device
         S = torch.zeros(p, p, dtype=torch.float64, device=dev)
         c = torch.zeros(p, dtype=torch.float64, device=dev)
         uu = torch.zeros((), dtype=torch.float64, device=dev)
@@ -258,8 +258,8 @@ class DBKNN(VecchiaGP):
         cs = self.config.chunk_size
         failed = torch.zeros((), dtype=torch.float64, device=dev)
         try:
-            for i in own_chunks(n, cs):
-                U, u, logdv = self._chunk_terms(i, min(i + cs, n), Phi, ws)
+            for idx, first in t.chunks(cs, dev):
+                U, u, logdv = self._chunk_terms(idx, first, Phi, ws)
                 S += U.T @ U
                 c += U.T @ u
                 uu += u @ u
@@ -272,11 +272,11 @@ class DBKNN(VecchiaGP):
             reduce_stats_(S, c, uu, ld, failed)
             if failed.item() > 0:
                 raise torch.linalg.LinAlgError("a factorisation failed on one of the ranks")
-        return S, c, uu, ld
+        return (S, c, uu, ld) if t.rows is None else (S * t.scale, c * t.scale, uu * t.scale, ld * t.scale)
 
     def _stats_point(self, ws) -> tuple:
         """What the sums depend on: every parameter (features included), the weights and the rows."""
-        return (*self.module_.parameters(), ws, self.module_.X_train.shape[0], self._joint)
+        return (*self.module_.parameters(), ws, self.module_.X_train.shape[0], self._joint, current_terms(self).k)
 
     def log_likelihood(self, ws: torch.Tensor | None = None) -> torch.Tensor:
         """The hybrid log-likelihood of the (scaled) training targets, float64, differentiable (one pass)."""
@@ -302,11 +302,11 @@ class DBKNN(VecchiaGP):
         loss = -self._loglik_from_stats(*stats, N) / n
         loss.backward()
         gS, gc, guu, gld = (t.grad for t in stats)
-        cs = self.config.chunk_size
-        for i in own_chunks(N, cs):  # distributed: this rank's chunks; the trainer sums the gradients over ranks
-            U, u, logdv = self._chunk_terms(i, min(i + cs, N), Phi, wb)
+        tm = current_terms(self)
+        for idx, first in tm.chunks(self.config.chunk_size, mod.X_train.device):  # distributed: this rank's chunks
+            U, u, logdv = self._chunk_terms(idx, first, Phi, wb)
             surrogate = (gS * (U.T @ U)).sum() + (gc * (U.T @ u)).sum() + guu * (u @ u) + gld * logdv.sum()
-            surrogate.backward()
+            (surrogate * tm.scale if tm.rows is not None else surrogate).backward()
         if Phi_graph is not None:
             if Phi.grad is not None:  # None only on a rank without chunks
                 Phi_graph.backward(Phi.grad)
@@ -359,7 +359,7 @@ class DBKNN(VecchiaGP):
             info["best_val_nll"] = i2["best_val_nll"]
         return history + h2, info
 
-    def _train(self, Xs, ys, Xv, yv, callback, ws, wv):
+    def _fit_hyperparameters(self, Xs, ys, Xv, yv, callback, ws, wv):
         """Stage (2), or with the feature check (setting ``feature_check``, a validation set): the residual GP alone
         first (``a = 0``, started as a fresh ``vecchia`` fit), the screen at its shape, then stage (2) from the
         screen's point if the screen validated better (it converges in fewer iterations); features kept on a real

@@ -31,13 +31,14 @@ import torch
 
 from gpcore.models import training
 from gpcore.models.linalg import inv_softplus
+from gpcore.models.terms import every_term
 
 
 def screen_sums(model, ws=None) -> tuple[np.ndarray, np.ndarray, float, float, int]:
     """``(l, h, |u0|^2, sum log Dv0, n)`` of the module docstring at the model's current residual hyperparameters
     (one pass over the training rows, no graph; the features must be on, at any scale ``a > 0``)."""
     mod = model.module_
-    with torch.no_grad():
+    with torch.no_grad(), every_term(model):  # one pass over every row, also above likelihood_points (unbiased)
         a0 = float(mod.fscale)
         S, c, uu, ld = model._stats(model._phi_train(), ws)
         S0, g0 = S / a0**2, c / a0

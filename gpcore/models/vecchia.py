@@ -23,23 +23,24 @@ fit on the scaled inputs (they do not follow the learned ARD lengthscales). Spac
 prior mean may carry a time trend: docs/methods/spacetime.md (``space_time``, ``time_trend``).
 
 Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's ``optimizer`` (L-BFGS, one
-strong-Wolfe iteration per epoch, or AdamW) on the full Vecchia likelihood (:mod:`gpcore.models.training`, stopped
+strong-Wolfe iteration per epoch, or AdamW) on the Vecchia likelihood (above ``likelihood_points`` rows a seeded subset
+of its terms, scaled: :mod:`gpcore.models.terms`; :mod:`gpcore.models.training`, stopped
 once the validation NLL gains under ``min_improvement`` in ``patience`` iterations), backward chunk by chunk
 (``_step``: memory of one chunk); the lengthscales start at the neighbourhood radius (``lengthscale_init=0``). Under
 ``torchrun ... --distributed`` every rank holds all ordered points and computes a contiguous share of the chunks; loss
 and gradients are summed over ranks at every closure evaluation (docs/scaling.md, "Vecchia and dbk-nn").
 
-Prediction: each new point conditions on its ``pred_neighbors`` (default ``neighbors``) nearest training points:
+Prediction: each new point conditions on its ``pred_neighbors`` (default ``2 m``, as GPBoost) nearest training points:
 ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN + s2 I)^{-1} k_Nx``,
 ``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
 
 Joint posterior: no feature form; the joint posterior of many new places is the response-first joint Vecchia
 prediction of :mod:`gpcore.models.vecchia_joint` (new places ordered after the training points, each conditioned on
-its ``pred_neighbors`` nearest training points and its ``joint_neighbors`` nearest earlier new places):
+its ``pred_neighbors`` (default ``m``) nearest training points and its ``joint_neighbors`` nearest earlier new places):
 ``posterior_cov``, areal sums, joint samples and suggestions (:mod:`gpcore.posterior`, docs/decide.md).
 
-Saved state: the hyperparameters, the ordered training inputs and targets (scaled), the ordering permutation and the
-training neighbour sets, as tensors (safetensors); the prediction KD-tree is rebuilt on first use.
+Saved state: hyperparameters, ordered training inputs and targets (scaled), ordering and neighbour sets, as tensors
+(safetensors); the prediction KD-tree is rebuilt on first use.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpcore.comm import own_chunks
 from gpcore.errors import InputError
 from gpcore.models import spacetime as st
 from gpcore.models.base import GPModel
@@ -59,9 +59,10 @@ from gpcore.models.config import setting
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
 from gpcore.models.kernels import KERNEL_NAMES, group_kernel
-from gpcore.models.linalg import LOG_2PI, inv_softplus, psd_safe_cholesky
+from gpcore.models.linalg import LOG_2PI, VecchiaRow, inv_softplus, psd_safe_cholesky
 from gpcore.models.neighbors import ORDERINGS, WORKERS, coord_order, maxmin_order, ordered_neighbors
 from gpcore.models.registry import register
+from gpcore.models.terms import current_terms, subsampled
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,13 @@ class VecchiaConfig(st.SpaceTimeConfig):
     """Vecchia GP settings. Reference (GPBoost / GpGp practice): Matérn-3/2, m = 30 neighbours, maxmin ordering,
     maximum likelihood. Default: Matérn-1/2 (better test NLL on every data set measured,
     docs/benchmarks/settings.md), m = 30, maxmin, full-batch L-BFGS stopped on the validation NLL, prediction from the
-    same m nearest training points (GPBoost predicts from 2m by default: ``pred_neighbors=60``)."""
+    2m nearest training points (GPBoost's default; the joint posterior from m: docs/methods/vecchia.md)."""
 
     kernel: str = setting("matern12", help="base kernel (Matérn-1/2: measured best on our data sets; GPBoost's "
                                            "default is matern32)", choices=KERNEL_NAMES, main=True)
     neighbors: int = setting(30, help="m: nearest previously-ordered neighbours per training point", min=1, main=True)
-    pred_neighbors: int = setting(0, help="nearest training points per prediction (0 = neighbors)", min=0)
+    pred_neighbors: int = setting(0, help="nearest training points per prediction (0 = 2 x neighbors for marginal "
+                                  "predictions, as GPBoost; neighbors for the joint posterior)", min=0)
     ordering: str = setting("maxmin", help="training-point ordering", choices=ORDERINGS)
     ard: bool = setting(True, help="one lengthscale per input dimension")
     lengthscale_init: float = setting(0.0, help="initial lengthscale (inputs live in [-1, 1]); 0 = median distance "
@@ -96,6 +98,8 @@ class VecchiaConfig(st.SpaceTimeConfig):
     patience: int = setting(10, help="iterations without a min_improvement gain (raise both for adam)", min=1)
     min_improvement: float = setting(1e-3, help="validation-NLL gain that resets patience; also the kept state's "
                                                 "tolerance", min=0.0)
+    likelihood_points: int = setting(250_000, help="fit the hyperparameters on the likelihood terms of at most this "
+                                     "many training points (a seeded subset, full neighbour sets; 0 = all)", min=0)
     condition_on_validation: bool = setting(True, help="after training, add the validation rows to the posterior's "
                                             "conditioning set (hyperparameters unchanged, no refit)")
     joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "
@@ -140,40 +144,6 @@ def _conditional_terms(mod: VecchiaModule, Xg: torch.Tensor, zg: torch.Tensor, v
     return L, v
 
 
-class _VecchiaRow(torch.autograd.Function):
-    """``ell = e_last^T chol(C)^{-1}`` for a batch of group covariances ``C`` (``b x k x k``, float64),
-    with a closed-form backward.
-
-    ``ell`` is the Vecchia row of the group: ``ell = (-A, 1) / sqrt(D)`` with ``A = c^T C_NN^{-1}`` the
-    kriging weights and ``D`` the conditional variance, so ``ell^T z`` is the standardised conditional
-    residual and ``ell_last = D^{-1/2}``. For an adjoint ``lam`` of ``ell``,
-
-        dL/dC = -sym(ell g^T) - 1/2 (lam^T ell) ell ell^T,   g = [C_NN^{-1} lam_N; 0],
-
-    (from ``dD = b^T dC b`` and ``dA = (dc^T - A dC_NN) C_NN^{-1}`` with ``b = (-A, 1)``): two small triangular
-    solves per group, where autograd through the batched Cholesky costs about ten forward passes. It returns the
-    one outer product ``-ell (g + 1/2 (lam^T ell) ell)^T``, whose symmetric part is dL/dC: every ``C`` here is a
-    symmetric function of the hyperparameters, so only that part reaches them (one ``k x k`` pass, not four).
-    """
-
-    @staticmethod
-    def forward(ctx, C):
-        L = psd_safe_cholesky(C)
-        e = torch.zeros(C.shape[:-1] + (1,), dtype=C.dtype, device=C.device)
-        e[..., -1, 0] = 1.0
-        ell = torch.linalg.solve_triangular(L.transpose(-1, -2), e, upper=True).squeeze(-1)
-        ctx.save_for_backward(L, ell)
-        return ell
-
-    @staticmethod
-    def backward(ctx, lam):
-        L, ell = ctx.saved_tensors
-        g = torch.zeros_like(ell)
-        g[..., :-1] = torch.cholesky_solve(lam[..., :-1, None], L[..., :-1, :-1]).squeeze(-1)
-        g.add_(ell * (0.5 * (lam * ell).sum(-1, keepdim=True)))
-        return ell.neg().unsqueeze(-1) * g.unsqueeze(-2)
-
-
 def group_covariance(mod: VecchiaModule, Xg: torch.Tensor, valid: torch.Tensor,
                      noise: torch.Tensor | None = None) -> torch.Tensor:
     """Noisy covariance of each group (``b x k x k``, float64; padding entries become identity rows; ``valid=None``:
@@ -193,8 +163,8 @@ def group_covariance(mod: VecchiaModule, Xg: torch.Tensor, valid: torch.Tensor,
 
 def vecchia_rows(mod: VecchiaModule, Xg: torch.Tensor, valid: torch.Tensor,
                  noise: torch.Tensor | None = None) -> torch.Tensor:
-    """The Vecchia row ``ell`` of every group (:class:`_VecchiaRow`), differentiable in the hyperparameters."""
-    return _VecchiaRow.apply(group_covariance(mod, Xg, valid, noise))
+    """The Vecchia row ``ell`` of every group (:class:`~gpcore.models.linalg.VecchiaRow`), differentiable."""
+    return VecchiaRow.apply(group_covariance(mod, Xg, valid, noise))
 
 
 @register("vecchia", description="Vecchia nearest-neighbour GP (maxmin ordering, m = 30, Matérn-1/2)")
@@ -233,9 +203,7 @@ class VecchiaGP(GPModel):
         Xn = st.order_coords(self, mod, Xs)  # the scaled inputs (space-time: / the initial lengthscales)
         perm = maxmin_order(Xn) if self.config.ordering == "maxmin" else coord_order(Xn)
         nbr = ordered_neighbors(Xn[perm], mod.nbr.shape[1])
-        dev = Xs.device
-        mod.order = torch.as_tensor(perm, device=dev)
-        mod.nbr = torch.as_tensor(nbr, device=dev)
+        mod.order, mod.nbr = torch.as_tensor(perm, device=Xs.device), torch.as_tensor(nbr, device=Xs.device)
         mod.X_train = Xs.detach()[mod.order].clone()
         mod.y_train = ys.detach()[mod.order].clone()
         self._init_lengthscale(mod)
@@ -257,25 +225,28 @@ class VecchiaGP(GPModel):
             mod.raw_ell.fill_(inv_softplus(init))
 
     def vecchia_terms(self, start: int = 0, stop: int | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-point log conditionals ``log N(y_i; mu_i, v_i)`` (float64, standardised units) of the
-        ordered training points ``start .. stop``, with the autograd graph attached (``ws``: the training
-        rows' weights in caller order while training; the stored ones otherwise)."""
+        """Per-point log conditionals ``log N(y_i; mu_i, v_i)`` (float64, standardised units, with a graph) of the
+        ordered training points ``start .. stop`` (``ws``: the weights, caller order, while training; else stored)."""
+        stop = self.module_.X_train.shape[0] if stop is None else stop
+        return self._terms_at(torch.arange(start, stop, device=self.module_.X_train.device), start, ws)
+
+    def _terms_at(self, idx: torch.Tensor, first: int, ws: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`vecchia_terms` of the ordered rows ``idx`` (ascending, the first ``first``)."""
         mod = self.module_
-        valid, Gc, Xg, z = self._chunk_groups(start, mod.X_train.shape[0] if stop is None else stop)
+        valid, Gc, Xg, z = self._chunk_groups(idx, first)
         ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))
         u = (ell * z).sum(-1)  # (z_i - A z_N) / sqrt(D)
         return -0.5 * LOG_2PI + torch.log(ell[:, -1]) - 0.5 * u.pow(2)
 
-    def _chunk_groups(self, start: int, stop: int):
-        """``(valid, Gc, Xg, z)`` of the groups of ordered rows ``start .. stop``: padding mask (None past the last
-        padded row: no ``where`` passes), clamped indices, inputs and centred targets (zero at padding)."""
+    def _chunk_groups(self, idx: torch.Tensor, first: int):
+        """``(valid, Gc, Xg, z)`` of the groups of ordered rows ``idx`` (ascending, from ``first``): padding mask (None
+        past the last padded row: no ``where``), clamped indices, inputs, centred targets (zero at padding)."""
         mod = self.module_
-        idx = torch.arange(start, stop, device=mod.X_train.device)
-        G = torch.cat([mod.nbr[start:stop], idx[:, None]], dim=1)  # b x (m+1), last = the point
+        G = torch.cat([mod.nbr[idx], idx[:, None]], dim=1)  # b x (m+1), last = the point
         if getattr(self, "_pad_end", None) is None:  # found once per neighbour set
             pad = (mod.nbr < 0).any(1).nonzero()
             self._pad_end = int(pad.max()) + 1 if pad.numel() else 0
-        valid = None if start >= self._pad_end else G >= 0
+        valid = None if first >= self._pad_end else G >= 0
         Gc = G if valid is None else G.clamp_min(0)
         Xg = mod.X_train[Gc]
         z = mod.y_train.double()[Gc] - st.prior_mean(mod, Xg)
@@ -287,16 +258,12 @@ class VecchiaGP(GPModel):
         training, the stored ones after :meth:`finalize`; None for an unweighted model."""
         if not self.weighted:
             return None
-        mod = self.module_
-        return ws[mod.order] if ws is not None else mod.w_train
+        return ws[self.module_.order] if ws is not None else self.module_.w_train
 
     def _group_noise(self, Gc: torch.Tensor, ws: torch.Tensor | None = None) -> torch.Tensor | None:
         """Noise variance ``tau^2 + s2 / w`` of training points ``Gc`` (any shape; None when unweighted)."""
         w = self._ordered_weights(ws)
-        if w is None:
-            return None
-        s2 = self.module_.noise.double()
-        return self._nugget_s().double() + s2 / w.double()[Gc]
+        return None if w is None else self._nugget_s().double() + self.module_.noise.double() / w.double()[Gc]
 
     def _finalize(self, Xs, ys, ws=None):
         mod = self.module_
@@ -305,11 +272,14 @@ class VecchiaGP(GPModel):
 
     def log_likelihood(self, ws: torch.Tensor | None = None) -> torch.Tensor:
         """Vecchia log-likelihood of the (scaled) training targets, float64, summed over chunks (``ws``: the
-        training rows' weights, caller order; default the stored ones)."""
-        n = self.module_.X_train.shape[0]
-        cs = self.config.chunk_size
-        return sum((self.vecchia_terms(i, min(i + cs, n), ws).sum() for i in range(0, n, cs)),
-                   torch.zeros((), dtype=torch.float64, device=self.module_.X_train.device))
+        training rows' weights, caller order; default the stored ones). While fitting above ``likelihood_points``
+        rows: the subset's terms times ``n / k`` (:mod:`gpcore.models.terms`)."""
+        t = current_terms(self)
+        dev = self.module_.X_train.device
+        chunks = t.chunks(self.config.chunk_size, dev, own=False)
+        total = sum((self._terms_at(idx, first, ws).sum() for idx, first in chunks),
+                    torch.zeros((), dtype=torch.float64, device=dev))
+        return total * t.scale if t.rows is not None else total
 
     def _check_train_batch(self, xb):
         if xb.shape[0] != self.module_.X_train.shape[0]:
@@ -322,16 +292,22 @@ class VecchiaGP(GPModel):
     def _step(self, xb, yb, n, wb=None):
         """One backward pass chunk by chunk (memory of one chunk), gradients accumulated. In a distributed step
         only this rank's chunks (:func:`gpcore.comm.own_chunks`): loss and gradient are its shares, which the
-        trainer sums over ranks (docs/scaling.md)."""
+        trainer sums over ranks (docs/scaling.md). Above ``likelihood_points`` rows the fitting subset's terms."""
         self._check_train_batch(xb)
         total = torch.zeros((), dtype=torch.float64, device=xb.device)
-        cs = self.config.chunk_size
-        N = self.module_.X_train.shape[0]
-        for i in own_chunks(N, cs):
-            loss = -self.vecchia_terms(i, min(i + cs, N), wb).sum() / n
+        t = current_terms(self)
+        for idx, first in t.chunks(self.config.chunk_size, xb.device):
+            loss = -self._terms_at(idx, first, wb).sum() / n * (t.scale if t.rows is not None else 1)
             loss.backward()
             total += loss.detach()
         return total
+
+    def _train(self, Xs, ys, Xv, yv, callback, ws, wv):  # above likelihood_points rows: a subset of the terms
+        with subsampled(self, self.module_.X_train.shape[0]):
+            return self._fit_hyperparameters(Xs, ys, Xv, yv, callback, ws, wv)
+
+    def _fit_hyperparameters(self, Xs, ys, Xv, yv, callback, ws, wv):  # dbk-nn: its stages
+        return super()._train(Xs, ys, Xv, yv, callback, ws, wv)
 
     # ---------------------------------------------------------------- every labelled row in the posterior
     def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, **kw):
@@ -405,23 +381,22 @@ class VecchiaGP(GPModel):
             self._tree = tree
         return tree
 
-    def _prediction_neighbors(self, xb: torch.Tensor) -> torch.Tensor:
-        """Indices (``b x k``, nearest first) of the ``pred_neighbors`` nearest ordered training points."""
-        k = min(self.config.pred_neighbors or self.config.neighbors, self.module_.X_train.shape[0])
+    def _prediction_neighbors(self, xb: torch.Tensor, joint: bool = False) -> torch.Tensor:
+        """Indices (``b x k``, nearest first) of the ``pred_neighbors`` nearest ordered training points (0: ``2 m``,
+        for the joint posterior ``m``)."""
+        cfg = self.config
+        k = min(cfg.pred_neighbors or (1 if joint else 2) * cfg.neighbors, self.module_.X_train.shape[0])
         _, idx = self._neighbor_tree().query(st.metric_coords(self.module_, xb), k=k, workers=WORKERS)
         return torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
 
     def _prediction_noise(self, N: torch.Tensor) -> torch.Tensor | None:
-        """Noise of the groups ``[N, x]`` (None when unweighted); the new point's own entry only sets ``L_mm``,
-        which prediction does not use."""
+        """Noise of the groups ``[N, x]`` (None unweighted); the new point's own entry only sets the unused ``L_mm``."""
         noise = self._group_noise(N)
         return None if noise is None else torch.cat([noise, noise[:, :1]], dim=1)
 
     def _predict_f(self, xb):
-        mod = self.module_
-        idx = self._prediction_neighbors(xb)
-        k = idx.shape[1]
-        means, vars_ = [], []
+        mod, idx = self.module_, self._prediction_neighbors(xb)
+        k, means, vars_ = idx.shape[1], [], []
         cs = self.config.chunk_size
         for i in range(0, xb.shape[0], cs):
             N = idx[i : i + cs]
@@ -460,10 +435,8 @@ class VecchiaGP(GPModel):
 
     # ---------------------------------------------------------------- joint posterior (vecchia_joint)
     def joint_s(self, Xs: torch.Tensor, m_pred: int | None = None):
-        """The joint posterior of f at scaled places ``Xs``: a :class:`~gpcore.models.vecchia_joint.VecchiaJoint`.
-
-        The last one is kept (keyed by the places' bytes and ``m_pred``), so areas, samples and suggestions over
-        one grid build its sparse factor once; a new fit or :meth:`condition_on` drops it."""
+        """The joint posterior of f at scaled places ``Xs`` (:class:`~gpcore.models.vecchia_joint.VecchiaJoint`); the
+        last one is kept (keyed by the places' bytes and ``m_pred``): a new fit or :meth:`condition_on` drops it."""
         from gpcore.models.vecchia_joint import build_joint
 
         self._check_fitted()
@@ -477,8 +450,7 @@ class VecchiaGP(GPModel):
         return joint
 
     def _joint_residuals(self) -> torch.Tensor:
-        """The training residuals the new places condition on: ``y - mu0`` (ordered training points; ``mu0 + b t``
-        with a time trend)."""
+        """The residuals ``y - mu0`` the new places condition on (ordered; ``mu0 + b t`` with a time trend)."""
         return self.module_.y_train.double() - st.prior_mean(self.module_, self.module_.X_train)
 
     def _joint_lowrank(self):
@@ -488,8 +460,7 @@ class VecchiaGP(GPModel):
     def _posterior_cov_s(self, X1s, X2s):
         """The joint Vecchia covariance over the distinct places of ``X1`` and ``X2`` (one ordering for both)."""
         Z, inv = np.unique(torch.cat([X1s, X2s]).detach().double().cpu().numpy(), axis=0, return_inverse=True)
-        C = self.joint_s(torch.as_tensor(Z, dtype=X1s.dtype, device=X1s.device)).cov()
-        inv = inv.ravel()
+        C, inv = self.joint_s(torch.as_tensor(Z, dtype=X1s.dtype, device=X1s.device)).cov(), inv.ravel()
         return torch.as_tensor(C[np.ix_(inv[: X1s.shape[0]], inv[X1s.shape[0]:])])
 
     @property

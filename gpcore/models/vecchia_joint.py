@@ -141,7 +141,8 @@ class VecchiaJoint:
 def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) -> VecchiaJoint:
     """The :class:`VecchiaJoint` of a fitted ``vecchia`` / ``dbk-nn`` model at scaled inputs ``Xs`` (``n x d``).
 
-    Training neighbours: the model's ``pred_neighbors`` (its marginal predictions' conditioning set); earlier new
+    Training neighbours: the model's ``pred_neighbors`` if set, else its ``neighbors`` (``m``; marginal predictions
+    take ``2 m`` by default: docs/methods/vecchia.md, "Prediction"); earlier new
     places: ``m_pred`` (default the config's ``joint_neighbors``). Cost ``O(n (m_t + m_p)^3)`` for the groups plus
     the orderings and neighbour searches (``O(n log n)``). ``covariance(module, Xg, valid, noise)`` is the
     model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`).
@@ -156,7 +157,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     Xn = metric_coords(mod, Xs)  # the scaled inputs of a spatial model
     order = maxmin_order(Xn) if n > 1 else np.arange(n)
     Xo = Xs.detach()[torch.as_tensor(order, device=Xs.device)]
-    NT = model._prediction_neighbors(Xo)  # n x m_t, indices into the ordered training points
+    NT = model._prediction_neighbors(Xo, joint=True)  # n x m_t, indices into the ordered training points
     NP = torch.as_tensor(ordered_neighbors(Xn[order], min(m_p, max(n - 1, 0))), device=Xs.device)  # n x m_p, -1 pad
     m_t, mp = NT.shape[1], NP.shape[1]
     e = model._joint_residuals()  # training residuals e (ordered training points), float64
