@@ -217,6 +217,33 @@ def test_same_approximation_as_gpboost_when_installed():
     assert -nll == pytest.approx(ll, rel=1e-9)
 
 
+@pytest.mark.parametrize("pred", [0, 7])
+def test_marginal_predictions_take_2m_neighbours_and_the_joint_m_unless_set(pred):
+    """pred_neighbors = 0: a marginal prediction conditions on the 2m nearest training points (GPBoost's default), the
+    joint posterior on m; a value set explicitly is both. The marginal is the exact GP's on those 2m points."""
+    X, y = _data(n=200, seed=5)
+    m = 6
+    vec = make_model("vecchia", neighbors=m, pred_neighbors=pred, epochs=2, dtype="float64", device="cpu",
+                     condition_on_validation=False).fit(X, y)
+    Xt = np.random.default_rng(6).uniform(0, 10, size=(5, 2))
+    xs = vec.scale_x(Xt)
+    N = vec._prediction_neighbors(xs)
+    assert N.shape[1] == (pred or 2 * m) and vec._prediction_neighbors(xs, joint=True).shape[1] == (pred or m)
+    mod = vec.module_
+    Xtr = mod.X_train.double().numpy()
+    d = np.linalg.norm(Xtr[None, :, :] - xs.double().numpy()[:, None, :], axis=-1)
+    np.testing.assert_array_equal(np.sort(N.numpy(), 1), np.sort(np.argsort(d, 1)[:, : N.shape[1]], 1))
+    mean, var_f = (t.double() for t in vec._predict_f(xs))
+    with torch.no_grad():
+        for j in range(5):  # the exact GP on the chosen neighbours
+            idx = N[j]
+            K = mod.K(mod.X_train[idx].double(), mod.X_train[idx].double()) + mod.noise.double() * torch.eye(len(idx))
+            k = mod.K(mod.X_train[idx].double(), xs[j : j + 1].double())[:, 0]
+            sol = torch.linalg.solve(K, torch.stack([mod.y_train.double()[idx] - mod.mu0.double(), k], 1))
+            assert mean[j].item() == pytest.approx((mod.mu0.double() + k @ sol[:, 0]).item(), rel=1e-7)
+            assert var_f[j].item() == pytest.approx((mod.outputscale.double() - k @ sol[:, 1]).item(), abs=1e-8)
+
+
 def test_auto_lengthscale_init_is_the_neighbourhood_radius():
     X, y = _data(n=301)
     model = make_model("vecchia", neighbors=8, dtype="float64", device="cpu")
