@@ -30,7 +30,7 @@ once the validation NLL gains under ``min_improvement`` in ``patience`` iteratio
 ``torchrun ... --distributed`` every rank holds all ordered points and computes a contiguous share of the chunks; loss
 and gradients are summed over ranks at every closure evaluation (docs/scaling.md, "Vecchia and dbk-nn").
 
-Prediction: each new point conditions on its ``pred_neighbors`` (default ``2 m``, as GPBoost) nearest training points:
+Prediction: each new point conditions on its ``pred_neighbors`` (default ``3m/2``) nearest training points:
 ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN + s2 I)^{-1} k_Nx``,
 ``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
 
@@ -70,13 +70,13 @@ class VecchiaConfig(st.SpaceTimeConfig):
     """Vecchia GP settings. Reference (GPBoost / GpGp practice): Matérn-3/2, m = 30 neighbours, maxmin ordering,
     maximum likelihood. Default: Matérn-1/2 (better test NLL on every data set measured,
     docs/benchmarks/settings.md), m = 30, maxmin, full-batch L-BFGS stopped on the validation NLL, prediction from the
-    2m nearest training points (GPBoost's default; the joint posterior from m: docs/methods/vecchia.md)."""
+    3m/2 nearest training points (GPBoost: 2m; the joint posterior from m: docs/methods/vecchia.md)."""
 
     kernel: str = setting("matern12", help="base kernel (Matérn-1/2: measured best on our data sets; GPBoost's "
                                            "default is matern32)", choices=KERNEL_NAMES, main=True)
     neighbors: int = setting(30, help="m: nearest previously-ordered neighbours per training point", min=1, main=True)
-    pred_neighbors: int = setting(0, help="nearest training points per prediction (0 = 2 x neighbors for marginal "
-                                  "predictions, as GPBoost; neighbors for the joint posterior)", min=0)
+    pred_neighbors: int = setting(0, help="nearest training points per prediction (0 = 3/2 x neighbors for marginal "
+                                  "predictions; neighbors for the joint posterior)", min=0)
     ordering: str = setting("maxmin", help="training-point ordering", choices=ORDERINGS)
     ard: bool = setting(True, help="one lengthscale per input dimension")
     lengthscale_init: float = setting(0.0, help="initial lengthscale (inputs live in [-1, 1]); 0 = median distance "
@@ -382,10 +382,10 @@ class VecchiaGP(GPModel):
         return tree
 
     def _prediction_neighbors(self, xb: torch.Tensor, joint: bool = False) -> torch.Tensor:
-        """Indices (``b x k``, nearest first) of the ``pred_neighbors`` nearest ordered training points (0: ``2 m``,
+        """Indices (``b x k``, nearest first) of the ``pred_neighbors`` nearest ordered training points (0: ``3m/2``,
         for the joint posterior ``m``)."""
-        cfg = self.config
-        k = min(cfg.pred_neighbors or (1 if joint else 2) * cfg.neighbors, self.module_.X_train.shape[0])
+        m = self.config.neighbors
+        k = min(self.config.pred_neighbors or (m if joint else m * 3 // 2), self.module_.X_train.shape[0])
         _, idx = self._neighbor_tree().query(st.metric_coords(self.module_, xb), k=k, workers=WORKERS)
         return torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
 

@@ -142,7 +142,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     """The :class:`VecchiaJoint` of a fitted ``vecchia`` / ``dbk-nn`` model at scaled inputs ``Xs`` (``n x d``).
 
     Training neighbours: the model's ``pred_neighbors`` if set, else its ``neighbors`` (``m``; marginal predictions
-    take ``2 m`` by default: docs/methods/vecchia.md, "Prediction"); earlier new
+    take ``3m/2`` by default: docs/methods/vecchia.md, "Prediction"); earlier new
     places: ``m_pred`` (default the config's ``joint_neighbors``). Cost ``O(n (m_t + m_p)^3)`` for the groups plus
     the orderings and neighbour searches (``O(n log n)``). ``covariance(module, Xg, valid, noise)`` is the
     model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`).

@@ -218,9 +218,9 @@ def test_same_approximation_as_gpboost_when_installed():
 
 
 @pytest.mark.parametrize("pred", [0, 7])
-def test_marginal_predictions_take_2m_neighbours_and_the_joint_m_unless_set(pred):
-    """pred_neighbors = 0: a marginal prediction conditions on the 2m nearest training points (GPBoost's default), the
-    joint posterior on m; a value set explicitly is both. The marginal is the exact GP's on those 2m points."""
+def test_marginal_predictions_take_3m_over_2_neighbours_and_the_joint_m_unless_set(pred):
+    """pred_neighbors = 0: a marginal prediction conditions on the 3m/2 nearest training points, the joint posterior on
+    m; a value set explicitly is both. The marginal is the exact GP's on those points."""
     X, y = _data(n=200, seed=5)
     m = 6
     vec = make_model("vecchia", neighbors=m, pred_neighbors=pred, epochs=2, dtype="float64", device="cpu",
@@ -228,7 +228,7 @@ def test_marginal_predictions_take_2m_neighbours_and_the_joint_m_unless_set(pred
     Xt = np.random.default_rng(6).uniform(0, 10, size=(5, 2))
     xs = vec.scale_x(Xt)
     N = vec._prediction_neighbors(xs)
-    assert N.shape[1] == (pred or 2 * m) and vec._prediction_neighbors(xs, joint=True).shape[1] == (pred or m)
+    assert N.shape[1] == (pred or 9) and vec._prediction_neighbors(xs, joint=True).shape[1] == (pred or m)
     mod = vec.module_
     Xtr = mod.X_train.double().numpy()
     d = np.linalg.norm(Xtr[None, :, :] - xs.double().numpy()[:, None, :], axis=-1)
