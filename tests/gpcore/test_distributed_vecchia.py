@@ -34,6 +34,9 @@ CASES: dict[str, tuple[str, dict, bool]] = {
     "dbk-nn-stagewise": ("dbk-nn", dict(neighbors=6, chunk_size=16, epochs=4, **_DBK), False),  # + feature check
     "dbk-nn-joint-weighted": ("dbk-nn", dict(neighbors=6, chunk_size=16, epochs=3, train_mode="joint",
                                              joint_epochs=2, **_DBK), True),
+    # hyperparameters from a seeded subset of 50 of the 101 terms (gpcore.models.terms): every rank draws the same
+    "vecchia-subset": ("vecchia", dict(neighbors=6, chunk_size=16, epochs=5, likelihood_points=50), False),
+    "dbk-nn-subset": ("dbk-nn", dict(neighbors=6, chunk_size=16, epochs=3, likelihood_points=50, **_DBK), True),
 }
 # one step's gradient at the parameters of a short single-process fit (no validation: features kept)
 GRAD_CASES: dict[str, tuple[str, dict, bool]] = {
