@@ -272,7 +272,7 @@ class DBKNN(VecchiaGP):
             reduce_stats_(S, c, uu, ld, failed)
             if failed.item() > 0:
                 raise torch.linalg.LinAlgError("a factorisation failed on one of the ranks")
-        return (S, c, uu, ld) if t.rows is None else (S * t.scale, c * t.scale, uu * t.scale, ld * t.scale)
+        return t.weigh(S), t.weigh(c), t.weigh(uu), t.weigh(ld)
 
     def _stats_point(self, ws) -> tuple:
         """What the sums depend on: every parameter (features included), the weights and the rows."""
@@ -306,7 +306,7 @@ class DBKNN(VecchiaGP):
         for idx, first in tm.chunks(self.config.chunk_size, mod.X_train.device):  # distributed: this rank's chunks
             U, u, logdv = self._chunk_terms(idx, first, Phi, wb)
             surrogate = (gS * (U.T @ U)).sum() + (gc * (U.T @ u)).sum() + guu * (u @ u) + gld * logdv.sum()
-            (surrogate * tm.scale if tm.rows is not None else surrogate).backward()
+            tm.weigh(surrogate).backward()
         if Phi_graph is not None:
             if Phi.grad is not None:  # None only on a rank without chunks
                 Phi_graph.backward(Phi.grad)

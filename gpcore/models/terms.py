@@ -45,6 +45,11 @@ class Terms:
         self.scale = n / self.k if self.k else 1.0
         self._first = None if rows is None else rows.cpu().numpy()  # host copy: no sync per chunk
 
+    def weigh(self, x):
+        """``x`` (a sum over this object's terms) as an estimate of the sum over all ``n``: times ``n / k`` for a
+        subset, ``x`` itself otherwise (bit for bit)."""
+        return x if self.rows is None else x * self.scale
+
     def chunks(self, chunk: int, device, own: bool = True) -> Iterator[tuple[torch.Tensor, int]]:
         """This rank's chunks (:func:`gpcore.comm.own_chunks` over the ``k`` terms); ``own=False``: all of them."""
         for i in own_chunks(self.k, chunk) if own else range(0, self.k, chunk):

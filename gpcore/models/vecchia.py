@@ -279,7 +279,7 @@ class VecchiaGP(GPModel):
         chunks = t.chunks(self.config.chunk_size, dev, own=False)
         total = sum((self._terms_at(idx, first, ws).sum() for idx, first in chunks),
                     torch.zeros((), dtype=torch.float64, device=dev))
-        return total * t.scale if t.rows is not None else total
+        return t.weigh(total)
 
     def _check_train_batch(self, xb):
         if xb.shape[0] != self.module_.X_train.shape[0]:
@@ -297,7 +297,7 @@ class VecchiaGP(GPModel):
         total = torch.zeros((), dtype=torch.float64, device=xb.device)
         t = current_terms(self)
         for idx, first in t.chunks(self.config.chunk_size, xb.device):
-            loss = -self._terms_at(idx, first, wb).sum() / n * (t.scale if t.rows is not None else 1)
+            loss = t.weigh(-self._terms_at(idx, first, wb).sum() / n)
             loss.backward()
             total += loss.detach()
         return total

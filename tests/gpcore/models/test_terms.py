@@ -58,8 +58,7 @@ def test_vecchia_objective_is_the_scaled_sum_of_its_subsets_terms(rows):
     k = 100
     with training.config_changed(model, likelihood_points=k), subsampled(model, n) as t:
         if rows == "padded":  # rows whose neighbour sets are padded (the first m) and the rest
-            t.rows = torch.tensor([0, 3, 9, *range(50, 400, 3)][:k])
-            t.k, t.scale, t._first = k, n / k, t.rows.numpy()
+            t = model._terms = Terms(n, torch.tensor([0, 3, 9, *range(50, 400, 3)][:k]))
         assert current_terms(model) is t and t.rows is not None and int(t.rows[0]) < 10
         ll = model.log_likelihood()
         per_point = model.vecchia_terms()
