@@ -14,6 +14,17 @@ import torch
 LOG_2PI = math.log(2.0 * math.pi)
 
 
+def row_products(G: torch.Tensor, g: torch.Tensor, Phi: torch.Tensor) -> torch.Tensor:
+    """``Q[b, k] = Phi[G[b, k]] . g[b]`` (``b x k``, no graph): the adjoint of :func:`combine_rows`' ``ell`` for an
+    output adjoint ``g``, by the same sampled sparse product on the CPU (one ``index_select`` elsewhere)."""
+    if Phi.device.type == "cpu":
+        B = _csr(torch.ones(G.shape, dtype=Phi.dtype), G, Phi.shape[0])
+        return torch.sparse.sampled_addmm(B, g.contiguous(), Phi.T, beta=0.0).values().view(G.shape)
+    b, k = G.shape
+    rows = Phi.index_select(0, G.reshape(-1)).view(b, k, Phi.shape[1])
+    return torch.bmm(rows, g.unsqueeze(-1)).squeeze(-1)
+
+
 def psd_safe_cholesky(A: torch.Tensor, jitters=(0.0, 1e-6, 1e-5, 1e-4, 1e-3), upcast: bool = False) -> torch.Tensor:
     """Lower Cholesky factor of a (numerically) PSD matrix ``A`` (``... x r x r``).
 

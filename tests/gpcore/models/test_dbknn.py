@@ -75,24 +75,28 @@ def test_full_neighbour_sets_equal_the_dense_hybrid_gp(weighted):
     np.testing.assert_allclose(model.kernel(Xt, X), Ks, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("joint", [False, True])
-def test_two_pass_gradient_equals_autograd_of_the_likelihood(joint):
+@pytest.mark.parametrize(("joint", "weighted"), [(False, False), (False, True), (True, False)])
+def test_two_pass_gradient_equals_autograd_of_the_likelihood(joint, weighted):
+    """Frozen features: the second pass differentiates only the Vecchia rows, ``a`` and the centred targets against
+    the first-order surrogate; joint: it pushes the adjoints through the features too. Both equal autograd."""
     X, y = _data(n=90, seed=2)
-    model = make_model("dbk-nn", neighbors=7, chunk_size=16, **SMALL).fit(X, y)
+    w = np.random.default_rng(3).integers(1, 15, size=len(y)).astype(float) if weighted else None
+    model = make_model("dbk-nn", neighbors=7, chunk_size=16, **SMALL).fit(X, y, weights=w)
     _set_hypers(model)
     model._set_joint(joint)
     params = [p for g in model._param_groups(0.0) for p in g["params"]]
-    assert (len(params) > 5) if joint else (len(params) == 5)  # the joint stage also moves the feature map
+    assert (len(params) > 5) if joint else (len(params) == 5 + weighted)  # joint: also the feature map; weighted: tau^2
     mod = model.module_
     n = mod.X_train.shape[0]
+    ws = None if w is None else model._to_tensor(w)
     for p in params:
         p.grad = None
-    loss = model._step(mod.X_train, mod.y_train, n)
+    loss = model._step(mod.X_train, mod.y_train, n, ws)
     two_pass = [p.grad.clone() for p in params]
     for p in params:
         p.grad = None
     model._phi_cache = None
-    ref = -model.log_likelihood() / n
+    ref = -model.log_likelihood(ws) / n
     ref.backward()
     assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
     for a, b in zip(two_pass, (p.grad for p in params), strict=True):
