@@ -79,8 +79,9 @@ from gpcore.models import spacetime as st
 from gpcore.models import training
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
+from gpcore.models.dbknn_grad import frozen_feature_pass
 from gpcore.models.dbknn_screen import screen_features
-from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus, row_products
+from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
 from gpcore.models.memo import PointMemo
 from gpcore.models.registry import register
 from gpcore.models.terms import current_terms
@@ -113,9 +114,8 @@ class DBKNNConfig(VecchiaConfig):
     dbk_min_improvement: float = setting(1e-3, help="DBK stage validation-NLL gain that resets its patience (as "
                                          "min_improvement for the residual stages)", min=0.0)
     dbk_max_seconds: float = setting(0.0, help="DBK stage time budget in seconds (0 = none)", min=0.0)
-    likelihood_points: int = setting(20_000, help="fit the residual and hybrid hyperparameters on the terms of at most "
-                                     "this many training points (a seeded subset, full neighbour sets; 0 = all; "
-                                     "docs/methods/dbknn.md, Likelihood)", min=0)
+    likelihood_fraction: float = setting(0.5, help="fits on half the rows' terms (at least 20,000, at most "
+                                         "likelihood_points; dbknn.md)", min=0.0, max=1.0, min_inclusive=False)
     fscale_init: float = setting(1.0, help="initial feature scale a", min=0.0, min_inclusive=False)
     joint_epochs: int = setting(20, help="joint stage: full-batch Adam steps", min=1)
     joint_lr: float = setting(2e-3, help="joint stage: Adam learning rate", min=0.0, min_inclusive=False)
@@ -306,39 +306,17 @@ class DBKNN(VecchiaGP):
         loss.backward()
         gS, gc, guu, gld = (t.grad for t in stats)
         tm = current_terms(self)
-        if Phi_graph is None:  # features frozen: the first-order surrogate, no graph through the features
-            self._frozen_feature_pass(tm, Phi, wb, gS, gc, guu, gld)
+        if Phi_graph is None:  # features frozen: no graph through the features (dbknn_grad.py)
+            frozen_feature_pass(self, tm, Phi, wb, gS, gc, guu, gld)
             return count_once(loss.detach())
         for idx, first in tm.chunks(self.config.chunk_size, mod.X_train.device):  # distributed: this rank's chunks
             U, u, logdv = self._chunk_terms(idx, first, Phi, wb)
             surrogate = (gS * (U.T @ U)).sum() + (gc * (U.T @ u)).sum() + guu * (u @ u) + gld * logdv.sum()
             tm.weigh(surrogate).backward()
-        if Phi_graph is not None:
-            if Phi.grad is not None:  # None only on a rank without chunks
-                Phi_graph.backward(Phi.grad)
-            self._phi_cache = None  # the features move with this step
+        if Phi.grad is not None:  # None only on a rank without chunks
+            Phi_graph.backward(Phi.grad)
+        self._phi_cache = None  # the features move with this step
         return count_once(loss.detach())  # the loss is whole on every rank: rank 0's share
-
-    def _frozen_feature_pass(self, tm, Phi, wb, gS, gc, guu, gld) -> None:
-        """The second pass of :meth:`_step` with the features frozen. Per chunk, the loss's adjoints of ``U_i`` and
-        ``u_i`` (``gU_i = (gS + gS^T) U_i + u_i gc``, ``gu_i = gc . U_i + 2 guu u_i``) are fixed numbers once the sums'
-        adjoints are known, so the gradient is that of ``a sum_ik ell_ik Q_ik + sum_i gu_i u_i + gld sum_i log Dv_i``
-        with ``Q_ik = Phi[G_ik] . gU_i`` (:func:`row_products`): the ``n x p`` row combination is never
-        differentiated, only the Vecchia rows, ``a`` and the centred targets are (docs/methods/dbknn.md,
-        "Likelihood")."""
-        mod = self.module_
-        gS2 = gS + gS.T
-        for idx, first in tm.chunks(self.config.chunk_size, mod.X_train.device):  # distributed: this rank's chunks
-            valid, Gc, Xg, z = self._chunk_groups(idx, first)
-            ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, wb))  # zero at padding entries
-            a = mod.fscale.double()
-            with torch.no_grad():
-                U = a * combine_rows(ell.detach(), Gc, Phi)
-                u = (ell.detach() * z.detach()).sum(-1)
-                Q = row_products(Gc, U @ gS2 + u[:, None] * gc, Phi)
-                gu = U @ gc + 2.0 * guu * u
-            surrogate = a * (ell * Q).sum() + ((ell * z).sum(-1) * gu).sum() - 2.0 * gld * torch.log(ell[:, -1]).sum()
-            tm.weigh(surrogate).backward()
 
     # ---------------------------------------------------------------- stages 2 and 3
     def _feature_parameters(self) -> list[nn.Parameter]:
@@ -482,8 +460,7 @@ class DBKNN(VecchiaGP):
 
     def _after_conditioning(self, n0: int) -> None:
         """New conditioning rows: the posterior of ``w`` and the residuals ``e`` over all rows (no refit)."""
-        mod = self.module_
-        mod.e_train = torch.zeros(mod.X_train.shape[0], dtype=mod.e_train.dtype, device=mod.e_train.device)
+        self.module_.e_train = self.module_.e_train.new_zeros(self.module_.X_train.shape[0])
         self._finalize(None, None, None)
 
     # ---------------------------------------------------------------- joint posterior (vecchia_joint)

@@ -2,7 +2,8 @@
 from a subset of the terms").
 
 The Vecchia log-likelihood is a sum of one term per ordered training point, ``log p(y_i | y_N(i))``. Above
-``likelihood_points`` training points the hyperparameters are fitted on a fixed, seeded random subset ``K`` of
+``likelihood_points`` training points (or, with ``likelihood_fraction`` below 1, that fraction of them but at least
+:data:`MIN_FRACTION_TERMS`: :func:`term_count`) the hyperparameters are fitted on a fixed, seeded random subset ``K`` of
 ``k`` of those terms, each with its full-data neighbour set, scaled by ``n / k``: an unbiased estimate of the
 sum whose maximiser is consistent, its sampling error ``O(1 / sqrt(k))`` far below what a test NLL can see at the
 sizes where it applies (the subsampled Vecchia likelihood of Cao, Guinness, Genton & Katzfuss 2022, JMLR 23,
@@ -24,6 +25,18 @@ import numpy as np
 import torch
 
 from gpcore.comm import own_chunks
+
+#: the fewest terms a fraction (``likelihood_fraction``) cuts a fit to: below it a subset saves seconds and costs
+#: accuracy (docs/methods/dbknn.md, "Likelihood")
+MIN_FRACTION_TERMS = 20_000
+
+
+def term_count(n: int, points: int, fraction: float = 1.0) -> int:
+    """How many of ``n`` terms a fit sums: ``min(points, max(MIN_FRACTION_TERMS, ceil(fraction n)))``, at most ``n``;
+    ``points = 0``: all ``n``. With ``fraction = 1`` that is ``min(points, n)``."""
+    if points <= 0:
+        return n
+    return min(n, points, max(MIN_FRACTION_TERMS, int(np.ceil(fraction * n))))
 
 
 def objective_rows(n: int, k: int, seed: int, device) -> torch.Tensor | None:
@@ -62,10 +75,11 @@ class Terms:
 
 @contextmanager
 def subsampled(model, n: int):
-    """While fitting: the model's objective sums the terms of at most ``likelihood_points`` rows (module
-    docstring); afterwards every term again (the posterior, the saved model)."""
+    """While fitting: the model's objective sums the terms of :func:`term_count` rows (at most ``likelihood_points``,
+    module docstring); afterwards every term again (the posterior, the saved model)."""
     cfg = model.config
-    rows = objective_rows(n, cfg.likelihood_points, cfg.seed, model.module_.X_train.device)
+    k = term_count(n, cfg.likelihood_points, getattr(cfg, "likelihood_fraction", 1.0))
+    rows = objective_rows(n, k, cfg.seed, model.module_.X_train.device)
     model._terms = Terms(n, rows)
     try:
         yield model._terms

@@ -100,6 +100,9 @@ class VecchiaConfig(st.SpaceTimeConfig):
                                                 "tolerance", min=0.0)
     likelihood_points: int = setting(250_000, help="fit the hyperparameters on the likelihood terms of at most this "
                                      "many training points (a seeded subset, full neighbour sets; 0 = all)", min=0)
+    likelihood_fraction: float = setting(1.0, help="fit on this fraction of the training points' terms (at least "
+                                         "20,000, at most likelihood_points; 1 = up to likelihood_points)", min=0.0,
+                                         max=1.0, min_inclusive=False)
     condition_on_validation: bool = setting(True, help="after training, add the validation rows to the posterior's "
                                             "conditioning set (hyperparameters unchanged, no refit)")
     joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from gpcore import make_model
+from gpcore.models import terms as terms_mod
 from gpcore.models import training
-from gpcore.models.terms import Terms, current_terms, objective_rows, subsampled
+from gpcore.models.terms import Terms, current_terms, objective_rows, subsampled, term_count
 from tests.gpcore.models.test_dbknn import SMALL, _data, _set_hypers
 
 
@@ -23,6 +24,27 @@ def test_the_subset_is_seeded_sorted_and_only_below_n():
     assert 0 <= int(rows[0]) and int(rows[-1]) < 1000
     assert torch.equal(rows, objective_rows(1000, 250, 3, "cpu"))
     assert not torch.equal(rows, objective_rows(1000, 250, 4, "cpu"))
+
+
+def test_term_count_takes_the_fraction_between_the_floor_and_likelihood_points():
+    assert term_count(42_671, 250_000, 1.0) == 42_671  # fraction 1: min(likelihood_points, n), as before it
+    assert term_count(300, 60, 1.0) == 60
+    assert term_count(42_671, 250_000, 0.5) == 21_336  # ceil(n / 2)
+    assert term_count(30_000, 250_000, 0.5) == 20_000  # never below MIN_FRACTION_TERMS ...
+    assert term_count(15_000, 250_000, 0.5) == 15_000  # ... nor above n
+    assert term_count(1_000_000, 250_000, 0.5) == 250_000  # nor above likelihood_points
+    assert term_count(1_000_000, 0, 0.5) == 1_000_000  # 0 = every term
+
+
+def test_dbknn_fits_on_half_the_terms_and_vecchia_on_all(monkeypatch):
+    monkeypatch.setattr(terms_mod, "MIN_FRACTION_TERMS", 10)
+    X, y = _data(n=90, seed=2)
+    kw = {"neighbors": 7, "chunk_size": 16}
+    for name, settings, k in (("dbk-nn", SMALL, 45), ("vecchia", {"epochs": 2}, 90)):
+        model = make_model(name, **kw, **settings).fit(X, y)
+        with subsampled(model, 90) as t:
+            assert t.k == k and current_terms(model) is t
+        assert current_terms(model).k == 90  # every term afterwards
 
 
 def test_chunks_cover_the_subset_once_with_each_chunks_first_row():
