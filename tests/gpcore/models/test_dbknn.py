@@ -75,13 +75,19 @@ def test_full_neighbour_sets_equal_the_dense_hybrid_gp(weighted):
     np.testing.assert_allclose(model.kernel(Xt, X), Ks, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize(("joint", "weighted"), [(False, False), (False, True), (True, False)])
-def test_two_pass_gradient_equals_autograd_of_the_likelihood(joint, weighted):
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (docs/benchmarks/gpu.md)")
+
+
+@pytest.mark.parametrize(("joint", "weighted", "device"), [(False, False, "cpu"), (False, True, "cpu"),
+                                                           (True, False, "cpu"),
+                                                           pytest.param(False, True, "cuda", marks=_CUDA)])
+def test_two_pass_gradient_equals_autograd_of_the_likelihood(joint, weighted, device):
     """Frozen features: the second pass differentiates only the Vecchia rows, ``a`` and the centred targets against
-    the first-order surrogate; joint: it pushes the adjoints through the features too. Both equal autograd."""
+    the first-order surrogate (``linalg.row_products``, sparse on the CPU, gathered on a GPU); joint: it pushes the
+    adjoints through the features too. Both equal autograd."""
     X, y = _data(n=90, seed=2)
     w = np.random.default_rng(3).integers(1, 15, size=len(y)).astype(float) if weighted else None
-    model = make_model("dbk-nn", neighbors=7, chunk_size=16, **SMALL).fit(X, y, weights=w)
+    model = make_model("dbk-nn", neighbors=7, chunk_size=16, **{**SMALL, "device": device}).fit(X, y, weights=w)
     _set_hypers(model)
     model._set_joint(joint)
     params = [p for g in model._param_groups(0.0) for p in g["params"]]
