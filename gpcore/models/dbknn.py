@@ -85,7 +85,7 @@ from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
 from gpcore.models.memo import PointMemo
 from gpcore.models.registry import register
 from gpcore.models.terms import current_terms
-from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _conditional_terms, vecchia_rows
+from gpcore.models.vecchia import VecchiaConfig, VecchiaGP, VecchiaModule, _conditional_terms
 
 #: the DBK parameters that shape phi (the others — q(w), DBK's own noise and mean — are unused here)
 _FEATURE_PARAMS = ("backbone", "expand", "scale", "Z", "raw_ell", "raw_outputscale")
@@ -236,10 +236,8 @@ class DBKNN(VecchiaGP):
     def _chunk_terms(self, idx: torch.Tensor, first: int, Phi: torch.Tensor, ws: torch.Tensor | None = None):
         """``(U, u, log Dv)`` of ordered training rows ``idx`` (from ``first``; float64, with a graph; ``ws`` as in
         :meth:`vecchia_terms`)."""
-        mod = self.module_
-        valid, Gc, Xg, z = self._chunk_groups(idx, first)
-        ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))  # zero at padding entries
-        U = mod.fscale.double() * combine_rows(ell, Gc, Phi)
+        ell, Gc, z = self._chunk_rows(idx, first, ws)
+        U = self.module_.fscale.double() * combine_rows(ell, Gc, Phi)
         return U, (ell * z).sum(-1), -2.0 * torch.log(ell[:, -1])
 
     @staticmethod

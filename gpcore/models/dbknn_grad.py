@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from gpcore.models.linalg import combine_rows, row_products
-from gpcore.models.vecchia import vecchia_rows
 
 
 def frozen_feature_pass(model, terms, Phi: torch.Tensor, wb, gS, gc, guu, gld) -> None:
@@ -23,8 +22,7 @@ def frozen_feature_pass(model, terms, Phi: torch.Tensor, wb, gS, gc, guu, gld) -
     mod = model.module_
     gS2 = gS + gS.T
     for idx, first in terms.chunks(model.config.chunk_size, mod.X_train.device):
-        valid, Gc, Xg, z = model._chunk_groups(idx, first)
-        ell = vecchia_rows(mod, Xg, valid, model._group_noise(Gc, wb))  # zero at padding entries
+        ell, Gc, z = model._chunk_rows(idx, first, wb)
         a = mod.fscale.double()
         with torch.no_grad():
             U = a * combine_rows(ell.detach(), Gc, Phi)

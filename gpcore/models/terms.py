@@ -78,7 +78,7 @@ def subsampled(model, n: int):
     """While fitting: the model's objective sums the terms of :func:`term_count` rows (at most ``likelihood_points``,
     module docstring); afterwards every term again (the posterior, the saved model)."""
     cfg = model.config
-    k = term_count(n, cfg.likelihood_points, getattr(cfg, "likelihood_fraction", 1.0))
+    k = term_count(n, cfg.likelihood_points, cfg.likelihood_fraction)
     rows = objective_rows(n, k, cfg.seed, model.module_.X_train.device)
     model._terms = Terms(n, rows)
     try:

@@ -235,11 +235,15 @@ class VecchiaGP(GPModel):
 
     def _terms_at(self, idx: torch.Tensor, first: int, ws: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`vecchia_terms` of the ordered rows ``idx`` (ascending, the first ``first``)."""
-        mod = self.module_
-        valid, Gc, Xg, z = self._chunk_groups(idx, first)
-        ell = vecchia_rows(mod, Xg, valid, self._group_noise(Gc, ws))
+        ell, _, z = self._chunk_rows(idx, first, ws)
         u = (ell * z).sum(-1)  # (z_i - A z_N) / sqrt(D)
         return -0.5 * LOG_2PI + torch.log(ell[:, -1]) - 0.5 * u.pow(2)
+
+    def _chunk_rows(self, idx: torch.Tensor, first: int, ws: torch.Tensor | None = None):
+        """``(ell, Gc, z)`` of ordered rows ``idx`` (as :meth:`_chunk_groups`): the differentiable Vecchia rows (zero
+        at padding entries), the groups' clamped indices and centred targets."""
+        valid, Gc, Xg, z = self._chunk_groups(idx, first)
+        return vecchia_rows(self.module_, Xg, valid, self._group_noise(Gc, ws)), Gc, z
 
     def _chunk_groups(self, idx: torch.Tensor, first: int):
         """``(valid, Gc, Xg, z)`` of the groups of ordered rows ``idx`` (ascending, from ``first``): padding mask (None
