@@ -52,13 +52,14 @@ is given:
 Feature check (``feature_check``, on by default, needs a validation set): before stage (2) the residual GP is
 fitted alone (``a = 0``, started as a fresh ``vecchia`` fit); the screen (``feature_screen``,
 :mod:`gpcore.models.dbknn_screen`) then fits the features' scale ``a`` and a common scale ``c`` of the residual at
-that fit's covariance shape in closed form, and stage (2) runs only when that lowers the validation NLL, starting
-there (and stopping after ``hybrid_patience`` iterations without a gain, not ``patience``: it starts near its
-optimum); the features are kept only on a validation-NLL gain above ``min_improvement``; otherwise the model is its
-residual Vecchia GP (``w`` keeps its prior, the kernel is ``k_r``), ``features_used`` is False and
-``train_info_["feature_check"]`` holds both NLLs and the screen's. The reason is the gaps: maximum likelihood always
-credits the features with what they fit between measurements, while inside large gaps a DBK extrapolates with confidence
-(docs/benchmarks/heaton.md). Validated on spatial blocks (``split="block"``) it asks whether they help in gaps.
+that fit's covariance shape in closed form, and stage (2) runs only when that lowers the validation NLL by more than
+``screen_se`` paired standard errors, starting there (and stopping after ``hybrid_patience`` iterations without a
+gain, not ``patience``: it starts near its optimum); the features are kept only on a validation-NLL gain above
+``min_improvement``; otherwise the model is its residual Vecchia GP (``w`` keeps its prior, the kernel is ``k_r``),
+``features_used`` is False and ``train_info_["feature_check"]`` holds both NLLs and the screen's. The reason is the
+gaps: maximum likelihood always credits the features with what they fit between measurements, while inside large gaps
+a DBK extrapolates with confidence (docs/benchmarks/heaton.md). Validated on spatial blocks (``split="block"``) it
+asks whether they help in gaps.
 
 Kernel: ``k(x, x') = a^2 phi(x)^T phi(x') + k_r(x, x')`` (the prior the kernel slice shows).
 Joint posterior: the joint Vecchia prediction of the residual plus the exact low-rank part
@@ -80,7 +81,7 @@ from gpcore.models import training
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
 from gpcore.models.dbknn_grad import frozen_feature_pass
-from gpcore.models.dbknn_screen import screen_features
+from gpcore.models.dbknn_screen import screen_features, screen_passes
 from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
 from gpcore.models.memo import PointMemo
 from gpcore.models.registry import register
@@ -122,6 +123,7 @@ class DBKNNConfig(VecchiaConfig):
     hybrid_patience: int = setting(5, help="stage (2)'s patience after the feature check's residual fit", min=1)
     feature_screen: bool = setting(True, help="feature check: fit the full hybrid only when the features, at the "
                                    "residual fit's covariance shape, lower the validation NLL (dbknn_screen.py)")
+    screen_se: float = setting(1.0, help="hybrid only on a validation gain above this many paired SEs", min=0.0)
     feature_check: bool = setting(True, help="with a validation set: also fit the residual GP alone (up to epochs "
                                              "and max_seconds again) and keep the DBK features only if they lower "
                                              "the validation NLL by more than min_improvement (validate on spatial "
@@ -365,8 +367,8 @@ class DBKNN(VecchiaGP):
     def _fit_hyperparameters(self, Xs, ys, Xv, yv, callback, ws, wv):
         """Stage (2), or with the feature check (setting ``feature_check``, a validation set): the residual GP alone
         first (``a = 0``, started as a fresh ``vecchia`` fit), the screen at its shape, then stage (2) from the
-        screen's point if the screen validated better (it converges in fewer iterations); features kept on a real
-        gain only."""
+        screen's point if the screen passed (``screen_passes``; it converges in fewer iterations); features kept on
+        a real gain only."""
         if not self.config.feature_check or Xv is None or Xv.shape[0] == 0:
             return self._train_hybrid(Xs, ys, Xv, yv, callback, ws, wv)
         mod = self.module_
@@ -386,7 +388,7 @@ class DBKNN(VecchiaGP):
         h2, info = [], {**i1, "best_val_nll": float("inf")}  # cancelled: the residual alone
         screen = None if i1.get("cancelled") or not self.config.feature_screen else screen_features(
             self, Xs, ys, Xv, yv, ws, wv)  # (a, c) at the residual's shape, left in the model
-        if screen is not None and not (screen["a"] > 0 and screen["val_nll"] < i1["best_val_nll"]):
+        if screen is not None and not screen_passes(screen, self.config.screen_se):
             info = {**i1, "best_val_nll": screen["val_nll"]}  # no gain at the fitted shape: no hybrid fit
         elif not i1.get("cancelled"):  # stage (2) starts at the residual fit's optimum (or the screen's): own patience
             h2, info = self._train_hybrid(Xs, ys, Xv, yv, training.staged(callback, len(h1)), ws, wv,

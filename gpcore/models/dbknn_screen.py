@@ -16,9 +16,10 @@ V^T``, ``h = (V^T U0^T u0)^2`` and ``t = a^2 / c``, one pass over the rows gives
 whose maximum over ``c`` for a given ``t`` is ``c(t) = q(t) / n``, ``q(t)`` the bracket: a one-dimensional search over
 ``t`` (``t = 0``: the residual fit itself). The screen puts the best ``(a, c)`` into the model and scores it on the
 validation rows. The full hybrid (every residual hyperparameter free) is fitted, from there, only when ``a > 0`` and
-that validation NLL is below the residual fit's; otherwise the features showed no gain at the fitted shape and are
-dropped without it. (With ``a = 0`` the screen's point is the residual GP rescaled by ``c``: a validation gain there
-is the scale's, not the features'.)
+that validation NLL is below the residual fit's by more than ``screen_se`` paired standard errors of the per-row
+differences (:func:`screen_passes`); otherwise the features showed no gain at the fitted shape that the validation
+rows can see, and are dropped without it. (With ``a = 0`` the screen's point is the residual GP rescaled by ``c``: a
+validation gain there is the scale's, not the features'.)
 """
 
 from __future__ import annotations
@@ -86,12 +87,24 @@ def apply_scale(model, a: float, c: float) -> None:
 
 def screen_features(model, Xs, ys, Xv, yv, ws=None, wv=None) -> dict:
     """Fit ``(a, c)`` (module docstring), leave the model there and return ``a``, ``c``, the restricted
-    log-likelihood per row against the residual fit's (``t = 0``), the validation NLL there and the seconds."""
+    log-likelihood per row against the residual fit's (``t = 0``), the validation NLL there and the residual fit's
+    (features off), the paired standard error of their per-row difference (``gain_se``) and the seconds."""
     t0 = time.perf_counter()
     lam, h, uu, ld, n = screen_sums(model, ws)
     a, c, ll = best_scale(lam, h, uu, ld, n)
+    mod = model.module_
+    mod.features_on = False  # the residual fit's own validation rows, for the paired comparison
+    val0, _, rows0 = training.validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=True)
+    mod.features_on = True
     apply_scale(model, a, c)  # phi does not depend on (a, c): the cached features stay valid
-    val = training.validation_metrics(model, Xs, ys, Xv, yv, ws, wv)[0]
+    val, _, rows = training.validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=True)
     ll0 = profile_loglik(0.0, lam, h, uu, ld, n)[0]
-    return {"a": a, "c": c, "loglik_gain_per_row": (ll - ll0) / n, "val_nll": val,
-            "seconds": time.perf_counter() - t0}
+    return {"a": a, "c": c, "loglik_gain_per_row": (ll - ll0) / n, "val_nll": val, "residual_val_nll": val0,
+            "gain_se": training.paired_se(rows, rows0), "seconds": time.perf_counter() - t0}
+
+
+def screen_passes(screen: dict, se: float) -> bool:
+    """Whether the screen calls for the full hybrid fit: features at ``a > 0`` whose validation gain over the residual
+    fit exceeds ``se`` paired standard errors (and 0)."""
+    gain = screen["residual_val_nll"] - screen["val_nll"]
+    return screen["a"] > 0 and gain > max(se * screen["gain_se"], 0.0)

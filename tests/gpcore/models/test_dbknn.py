@@ -396,11 +396,14 @@ def test_the_screens_closed_form_is_the_hybrid_likelihood_of_its_family(weighted
         assert ll >= S.profile_loglik(t, lam, h, uu, ld, n)[0] - 1e-9
 
 
-@pytest.mark.parametrize("a, val, hybrid", [(0.5, np.inf, False), (0.5, -np.inf, True), (0.0, -np.inf, False)])
-def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_there(monkeypatch, a, val, hybrid):
-    """No validation gain at the residual's shape, or one with ``a = 0`` (the residual rescaled, no features): no
-    hybrid fit, the features are dropped and the check reports the screen's NLL. A gain with ``a > 0``: the hybrid
-    starts at the screen's point (its ``a`` and scaled residual)."""
+@pytest.mark.parametrize("a, gain, se, hybrid", [(0.5, -np.inf, 0.0, False), (0.5, np.inf, 0.0, True),
+                                                 (0.0, np.inf, 0.0, False), (0.5, 1e-3, 2e-3, False),
+                                                 (0.5, 3e-3, 2e-3, True)])
+def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_there(monkeypatch, a, gain, se, hybrid):
+    """No validation gain at the residual's shape, one inside a paired standard error (``screen_se`` = 1), or one with
+    ``a = 0`` (the residual rescaled, no features): no hybrid fit, the features are dropped and the check reports the
+    screen's NLL. A gain above one SE with ``a > 0``: the hybrid starts at the screen's point (its ``a`` and scaled
+    residual)."""
     import gpcore.models.training as T
     from gpcore.models import dbknn, dbknn_screen
 
@@ -411,7 +414,8 @@ def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_t
         out = real_screen(model, *args, **kw)
         dbknn_screen.apply_scale(model, a, 1.0)  # the scale this case scripts, at the screen's residual scale
         seen["after screen"] = {k: v.detach().clone() for k, v in model.module_.state_dict().items()}
-        return {**out, "a": a, "val_nll": val}
+        seen["val"] = out["residual_val_nll"] - gain
+        return {**out, "a": a, "val_nll": seen["val"], "gain_se": se}
 
     def watched(model, *args, **kw):
         if hasattr(model.module_, "dbk") and model.module_.features_on:
@@ -421,7 +425,7 @@ def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_t
     monkeypatch.setattr(dbknn, "screen_features", scripted)
     monkeypatch.setattr(T, "train", watched)
     model, *_ = _checked_fit(condition_on_validation=False)
-    check = model.train_info_["feature_check"]
+    check, val = model.train_info_["feature_check"], seen["val"]
     stages = {h["stage"] for h in model.history_}
     assert check["hybrid_fitted"] is hybrid and ("residual" in stages) is hybrid
     assert check["screen"]["a"] == a and check["screen"]["c"] > 0
@@ -431,3 +435,26 @@ def test_the_hybrid_is_fitted_only_when_the_screen_validates_better_and_starts_t
     else:
         assert "hybrid start" not in seen
         assert check["with_features"] == val and not check["kept"] and not model.features_used
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_screens_gate_compares_per_row_with_the_residual_fit(weighted):
+    """The screen's reference is the residual fit itself (its kept validation NLL), and ``gain_se`` is the standard
+    error of the mean per-row NLL difference between the screen's point and that fit, recomputed here in float64."""
+    from gpcore.models import dbknn_screen as S
+    from gpcore.models import training as T
+
+    model, X, y, w = _checked_fit(weighted, condition_on_validation=False, screen_se=1e9)  # gate shut: no hybrid
+    check = model.train_info_["feature_check"]
+    sc = check["screen"]
+    assert not check["hybrid_fitted"] and not model.features_used
+    assert sc["residual_val_nll"] == pytest.approx(check["residual_only"], abs=1e-10)
+    Xs, ys, Xv, yv = model.scale_x(X[:150]), model.scale_y(y[:150]), model.scale_x(X[150:]), model.scale_y(y[150:])
+    ws, wv = (None, None) if w is None else (model._to_tensor(w[:150]), model._to_tensor(w[150:]))
+    nll0, _, rows0 = T.validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=True)  # the residual fit, kept
+    model.module_.features_on = True
+    S.apply_scale(model, sc["a"], sc["c"])  # the screen's point, from the residual fit's state
+    nll1, _, rows1 = T.validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=True)
+    d = (rows1 - rows0).numpy()
+    assert nll0 == pytest.approx(sc["residual_val_nll"], abs=1e-12) and nll1 == pytest.approx(sc["val_nll"], abs=1e-12)
+    assert sc["gain_se"] == pytest.approx(d.std(ddof=1) / np.sqrt(d.size), rel=1e-9) and sc["gain_se"] > 0
