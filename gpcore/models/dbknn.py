@@ -376,7 +376,7 @@ class DBKNN(VecchiaGP):
         with torch.no_grad():
             for name in ("raw_outputscale", "raw_noise", "mu0", *(("trend",) if hasattr(mod, "trend") else ())):
                 getattr(mod, name).copy_(getattr(fresh, name))
-            self._init_lengthscale(mod)  # the data-dependent one
+            self._init_from_neighbours(mod)  # the data-dependent ones
             if hasattr(mod, "raw_nugget"):  # weighted: the nugget starts as a fresh weighted fit's does
                 mod.raw_nugget.fill_(inv_softplus(self.likelihood.initial_nugget()))
         mod.features_on = False

@@ -230,7 +230,7 @@ def metric_coords(mod: nn.Module, X) -> np.ndarray:
 def spatial_radius(Xsp: np.ndarray, neighbors: int, ordering: str = "maxmin") -> float | None:
     """The spatial Vecchia model's automatic initial lengthscale of the rows ``Xsp`` (scaled space columns): the
     median distance to the ``m``-th nearest predecessor over the second half of the ordering (None when there are
-    too few rows), computed as :meth:`gpcore.models.vecchia.VecchiaGP._init_lengthscale` does."""
+    too few rows), computed as :meth:`gpcore.models.vecchia.VecchiaGP._init_from_neighbours` does."""
     n = Xsp.shape[0]
     m = min(neighbors, max(n - 1, 0))
     if not n > m > 0:

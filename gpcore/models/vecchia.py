@@ -81,9 +81,10 @@ class VecchiaConfig(st.SpaceTimeConfig):
     ard: bool = setting(True, help="one lengthscale per input dimension")
     lengthscale_init: float = setting(0.0, help="initial lengthscale (inputs live in [-1, 1]); 0 = median distance "
                                       "to the m-th nearest neighbour", min=0.0)
-    outputscale_init: float = setting(1.0, help="initial outputscale", min=0.0, min_inclusive=False)
-    noise_init: float = setting(0.1, help="initial noise variance (standardised units)", min=0.0,
-                                min_inclusive=False)
+    outputscale_init: float = setting(0.0, help="initial outputscale; 0 = the target variance less the initial noise",
+                                      min=0.0)
+    noise_init: float = setting(0.0, help="initial noise variance (standardised units); 0 = the semivariance of "
+                                "nearest neighbours", min=0.0)
     noise_floor: float = setting(1e-6, help="lower bound of the noise variance", min=0.0)
     learn_mean: bool = setting(True, help="learn a constant prior mean")
     chunk_size: int = setting(512, help="points per batched Cholesky (small chunks stay in cache)", min=1)
@@ -116,9 +117,9 @@ class VecchiaModule(SoftplusHyperparameters, nn.Module):
         self.noise_floor = cfg.noise_floor
         self.raw_ell = nn.Parameter(torch.full((d if cfg.ard else 1,), inv_softplus(cfg.lengthscale_init or 0.3)))
         st.add_params(self, d, cfg)  # space_time: the time lengthscale, Gneiting's beta, the metric (spacetime.py)
-        self.raw_outputscale = nn.Parameter(torch.tensor(inv_softplus(cfg.outputscale_init)))
-        self.raw_noise = nn.Parameter(torch.tensor(inv_softplus(max(cfg.noise_init - cfg.noise_floor, 1e-8))))
-        self.mu0 = nn.Parameter(torch.zeros(()), requires_grad=cfg.learn_mean)
+        self.raw_outputscale = nn.Parameter(torch.tensor(inv_softplus(cfg.outputscale_init or 1.0)))  # 0: set in
+        self.raw_noise = nn.Parameter(torch.tensor(inv_softplus(max((cfg.noise_init or 0.1) - cfg.noise_floor, 1e-8))))
+        self.mu0 = nn.Parameter(torch.zeros(()), requires_grad=cfg.learn_mean)  # ... VecchiaGP._init_from_neighbours
         m = min(cfg.neighbors, max(n - 1, 0))
         # ordered training data, the ordering permutation and the training neighbour sets
         self.register_buffer("X_train", torch.zeros(n, d))
@@ -209,23 +210,33 @@ class VecchiaGP(GPModel):
         mod.order, mod.nbr = torch.as_tensor(perm, device=Xs.device), torch.as_tensor(nbr, device=Xs.device)
         mod.X_train = Xs.detach()[mod.order].clone()
         mod.y_train = ys.detach()[mod.order].clone()
-        self._init_lengthscale(mod)
+        self._init_from_neighbours(mod)
         return mod
 
-    def _init_lengthscale(self, mod: VecchiaModule) -> None:
-        """The initial lengthscale: ``lengthscale_init``, or with 0 (auto) the neighbourhood radius (median
-        distance to the m-th nearest predecessor over the second half of the ordering). Why not a fixed value:
-        docs/benchmarks/settings.md ("the automatic initial lengthscale")."""
-        if st.init_hypers(mod):  # space-time: the initial lengthscales of the ordering metric (spacetime.py)
-            return
-        n, m = mod.nbr.shape
-        init = self.config.lengthscale_init or 0.3
-        if self.config.lengthscale_init == 0 and n > m > 0:
-            h = max(n // 2, m)
-            r = (mod.X_train[h:].double() - mod.X_train[mod.nbr[h:, -1]].double()).norm(dim=-1).median()
-            init = max(float(r), 1e-3)
+    def _init_from_neighbours(self, mod: VecchiaModule) -> None:
+        """The initial hyperparameters from the ordered neighbour sets, each where its setting is 0 (auto), over the
+        second half of the ordering (its rows have dense predecessors; docs/methods/vecchia.md, "Initial values"):
+        the lengthscale is the median distance to the m-th nearest predecessor (space-time: spacetime.py's), the noise
+        the semivariance ``mean (y_i - y_nearest(i))^2 / 2`` clamped to 5-90 % of the target variance ``v``, the
+        outputscale ``v`` less that noise. Why not fixed values: docs/benchmarks/settings.md ("the automatic initial
+        lengthscale") and docs/benchmarks/speed.md ("initial variances from the neighbours")."""
+        cfg, (n, m) = self.config, mod.nbr.shape
+        spatial = not st.init_hypers(mod)  # space-time: the initial lengthscales of the ordering metric
+        if not n > m > 0:
+            return  # too few rows: the settings' values (1, 0.1 when auto)
+        h = max(n // 2, m)
         with torch.no_grad():
-            mod.raw_ell.fill_(inv_softplus(init))
+            if spatial and cfg.lengthscale_init == 0:
+                r = (mod.X_train[h:].double() - mod.X_train[mod.nbr[h:, -1]].double()).norm(dim=-1).median()
+                mod.raw_ell.fill_(inv_softplus(max(float(r), 1e-3)))
+            y = mod.y_train.double()
+            v = float(y.var())
+            semi = 0.5 * float((y[h:] - y[mod.nbr[h:, 0]]).pow(2).mean())  # the nearest predecessor's semivariance
+            noise = cfg.noise_init or min(max(semi, 0.05 * v), 0.9 * v)
+            if cfg.noise_init == 0:
+                mod.raw_noise.fill_(inv_softplus(max(noise - cfg.noise_floor, 1e-8)))
+            if cfg.outputscale_init == 0:
+                mod.raw_outputscale.fill_(inv_softplus(max(v - noise, 0.1 * v)))
 
     def vecchia_terms(self, start: int = 0, stop: int | None = None, ws: torch.Tensor | None = None) -> torch.Tensor:
         """Per-point log conditionals ``log N(y_i; mu_i, v_i)`` (float64, standardised units, with a graph) of the

@@ -256,6 +256,34 @@ def test_auto_lengthscale_init_is_the_neighbourhood_radius():
     np.testing.assert_allclose(mod.lengthscale.detach().numpy(), np.median(radius), rtol=1e-6)  # float32 parameter
 
 
+@pytest.mark.parametrize("extra, where", [(0.0, "5 %"), (2.0, "between"), (20.0, "90 %")])
+def test_auto_initial_variances_are_the_nearest_predecessors_semivariance(extra, where):
+    """noise_init = outputscale_init = 0 (auto): the noise starts at half the mean squared difference of each row
+    of the ordering's second half and its nearest predecessor, clamped to 5-90 % of the target variance, and the
+    outputscale at the rest; set values are kept (recomputed here by brute force in numpy)."""
+    X, y = _data(n=301)
+    y = y + extra * np.random.default_rng(9).normal(size=y.shape)  # 0: smooth, 20: almost all noise
+    model = make_model("vecchia", neighbors=8, dtype="float64", device="cpu")
+    model.d_ = 2
+    model._set_scalers(X, y)
+    Xs, ys = model.scale_x(X).numpy(), model.scale_y(y).numpy()
+    mod = model._build(2, model.scale_x(X), model.scale_y(y))
+    perm = maxmin_order(Xs)
+    Xo, yo = Xs[perm], ys[perm]
+    nearest = [int(np.argmin(np.linalg.norm(Xo[:i] - Xo[i], axis=1))) for i in range(150, 301)]
+    v = yo.var(ddof=1)
+    semi = 0.5 * np.mean((yo[150:] - yo[nearest]) ** 2)
+    noise = min(max(semi, 0.05 * v), 0.9 * v)
+    assert {"5 %": semi < 0.05 * v, "between": 0.05 * v < semi < 0.9 * v, "90 %": semi > 0.9 * v}[where]
+    assert mod.noise.item() == pytest.approx(noise, rel=1e-6)  # float32 parameters until fit casts the module
+    assert mod.outputscale.item() == pytest.approx(v - noise, rel=1e-6)
+    fixed = make_model("vecchia", neighbors=8, dtype="float64", device="cpu", noise_init=0.3, outputscale_init=2.0)
+    fixed.d_ = 2
+    fixed._set_scalers(X, y)
+    mod = fixed._build(2, fixed.scale_x(X), fixed.scale_y(y))
+    assert mod.noise.item() == pytest.approx(0.3, rel=1e-6) and mod.outputscale.item() == pytest.approx(2.0, rel=1e-6)
+
+
 def test_weighted_full_neighbour_sets_equal_the_dense_weighted_gp():
     """Per-observation weights: noise tau^2 + s2 / w_i in every conditional; with m = n - 1 the likelihood and
     the predictions are the dense GP's with that diagonal noise (float64)."""
