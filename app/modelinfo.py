@@ -43,13 +43,22 @@ def training_note(manifest: dict) -> str:
     check = (manifest.get("train_info") or {}).get("feature_check")
     if not isinstance(check, dict) or check.get("kept", True):
         return ""
-    # hybrid_fitted False: the screen saw no gain at the residual's shape and skipped the hybrid (dbknn_screen.py)
-    where = " at the residual GP's fitted covariance shape" if check.get("hybrid_fitted") is False else ""
-    return (
-        "the DBK features were dropped: they did not lower the validation NLL by more than the fit's threshold "
-        f"({check.get('residual_only', float('nan')):.4f} without them, {check.get('with_features', float('nan')):.4f} "
-        f"with them{where}), so this run is a nearest-neighbour (Vecchia) GP."
-    )
+    r, w = check.get("residual_only", float("nan")), check.get("with_features", float("nan"))
+    screen = check.get("screen") if isinstance(check.get("screen"), dict) else {}
+    both = f"({r:.4f} without them, {w:.4f} with them"
+    if check.get("hybrid_fitted") is not False:
+        why = f"they did not lower the validation NLL by more than the fit's threshold {both})"
+    elif screen.get("gain_se") is not None and screen.get("a", 0) > 0:  # the screen's gate (dbknn_screen.py)
+        k = ((manifest.get("config") or {}).get("settings") or {}).get("screen_se", 1.0)
+        why = (f"at the residual GP's fitted covariance shape they lowered the validation NLL by {r - w:.4f}, not more "
+               f"than {k:g} standard error(s) of the validation rows ({screen['gain_se']:.4f}) {both})")
+    elif screen.get("a") == 0:  # the screen's best scale of the features was 0: only the residual's scale moved
+        why = (f"at the residual GP's fitted covariance shape the best weight of the features was 0 ({r:.4f} without "
+               f"them, {w:.4f} with the residual GP rescaled)")
+    else:  # a run from before the gate
+        why = (f"they did not lower the validation NLL by more than the fit's threshold {both} at the residual GP's "
+               "fitted covariance shape)")
+    return f"the DBK features were dropped: {why}, so this run is a nearest-neighbour (Vecchia) GP."
 
 
 def noise_text(manifest: dict, t_units: str) -> str:

@@ -23,3 +23,22 @@ def test_a_screened_check_says_where_the_features_were_tried():
     """The screen skipped the full hybrid: the NLL 'with them' is at the residual GP's fitted shape."""
     note = training_note(_manifest(kept=False, hybrid_fitted=False))
     assert "0.6716 with them at the residual GP's fitted covariance shape)" in note
+
+
+def test_a_gain_inside_the_screens_standard_error_says_so():
+    """The screen's gate dropped features that validated a little better at the residual's shape: the note gives the
+    gain and the standard error it did not beat (with the run's screen_se), not a 'threshold' the gain exceeds."""
+    screen = {"a": 1.3, "gain_se": 0.0123}
+    m = _manifest(kept=False, hybrid_fitted=False, residual_only=0.6876, with_features=0.6784, screen=screen)
+    note = training_note(m)
+    assert "lowered the validation NLL by 0.0092, not more than 1 standard error(s) of the validation rows " \
+           "(0.0123)" in note
+    assert "(0.6876 without them, 0.6784 with them)" in note
+    m["config"] = {"settings": {"screen_se": 2.0}}
+    assert "not more than 2 standard error(s)" in training_note(m)
+
+
+def test_a_screen_that_gave_the_features_no_weight_says_so():
+    screen = {"a": 0.0, "gain_se": 0.001}
+    note = training_note(_manifest(kept=False, hybrid_fitted=False, screen=screen))
+    assert "the best weight of the features was 0 (0.6714 without them, 0.6716 with the residual GP rescaled)" in note
