@@ -222,13 +222,14 @@ class VecchiaGP(GPModel):
         lengthscale") and docs/benchmarks/speed.md ("initial variances from the neighbours")."""
         cfg, (n, m) = self.config, mod.nbr.shape
         spatial = not st.init_hypers(mod)  # space-time: the initial lengthscales of the ordering metric
-        if not n > m > 0:
-            return  # too few rows: the settings' values (1, 0.1 when auto)
         h = max(n // 2, m)
         with torch.no_grad():
-            if spatial and cfg.lengthscale_init == 0:
-                r = (mod.X_train[h:].double() - mod.X_train[mod.nbr[h:, -1]].double()).norm(dim=-1).median()
-                mod.raw_ell.fill_(inv_softplus(max(float(r), 1e-3)))
+            if spatial:  # the setting's value, or with 0 the radius (0.3 with too few rows)
+                r = cfg.lengthscale_init or (0.3 if not n > m > 0 else float(
+                    (mod.X_train[h:].double() - mod.X_train[mod.nbr[h:, -1]].double()).norm(dim=-1).median()))
+                mod.raw_ell.fill_(inv_softplus(max(r, 1e-3) if cfg.lengthscale_init == 0 else r))
+            if not n > m > 0:
+                return  # too few rows: the variances keep the settings' values (1, 0.1 when auto)
             y = mod.y_train.double()
             v = float(y.var())
             semi = 0.5 * float((y[h:] - y[mod.nbr[h:, 0]]).pow(2).mean())  # the nearest predecessor's semivariance
