@@ -190,9 +190,9 @@ def bench_vecchia_family(n: int, device: torch.device, epochs: int, cells: int, 
                          models=("vecchia", "dbk-nn")) -> list[dict]:
     """Fit and prediction seconds of ``vecchia`` and ``dbk-nn`` at ``n`` points (90 % training, 10 % validation,
     condition_on_validation as by default), each with ``epochs`` residual epochs (dbk-nn: 3 DBK epochs at batch
-    4096, no feature check), and prediction of ``cells`` new places end to end (neighbour search on the CPU, the
-    batched Choleskys on ``device``). ``setup_s`` = fit time beyond the median epoch times the epochs run
-    (ordering, neighbour search, posterior, conditioning on the validation rows)."""
+    4096, no feature check), and prediction of ``cells`` new places end to end (neighbour searches and the batched
+    Choleskys on ``device``, the ordering on the CPU). ``setup_s`` = fit time beyond the median epoch times the epochs
+    run (ordering, neighbour search, posterior, conditioning on the validation rows)."""
     X, y = synthetic_georgia(n, seed=1)
     k = int(0.9 * n)
     Xp = np.random.default_rng(2).uniform([GA_BOX[0], GA_BOX[2]], [GA_BOX[1], GA_BOX[3]], size=(cells, 2))
@@ -233,6 +233,55 @@ def bench_vecchia_family(n: int, device: torch.device, epochs: int, cells: int, 
     return out
 
 
+def bench_neighbor_search(n: int, device: torch.device, m: int = 30, cells: int = 0) -> dict:
+    """Seconds of the fit's set-up searches at ``n`` synthetic points: the max-min ordering (numpy, CPU), the ``m``
+    ordered neighbours by the KD-tree (CPU cores) and by the grid search on ``device``, and the ``1.5 m`` nearest
+    training points of ``cells`` new places both ways; with the share of rows whose sets agree (docs/methods/vecchia.md,
+    "Neighbour search on a GPU")."""
+    from gpcore.models import neighbors as nb
+
+    X, _ = synthetic_georgia(n, seed=1)
+    X = (X - X.min(0)) / (X.max(0) - X.min(0)).max()
+    row: dict = {"n": n, "m": m, "device": device.type}
+    t0 = time.perf_counter()
+    Xo = X[nb.maxmin_order(X)]
+    row["maxmin_order_s"] = time.perf_counter() - t0
+    saved = nb.SEARCH
+    try:
+        nb.SEARCH = "kdtree"
+        t0 = time.perf_counter()
+        tree = nb.ordered_neighbors(Xo, m)
+        row["ordered_kdtree_s"] = time.perf_counter() - t0
+        nb.SEARCH = "grid"
+        _sync(device)
+        t0 = time.perf_counter()
+        grid = nb.ordered_neighbors(Xo, m, device=device)
+        _sync(device)
+        row["ordered_grid_s"] = time.perf_counter() - t0
+        row["ordered_rows_equal"] = float((grid.cpu().numpy() == tree).all(1).mean())
+        if cells:
+            Q = np.random.default_rng(5).random((cells, 2))
+            k = m * 3 // 2
+            out = {}
+            for search in ("kdtree", "grid"):
+                nb.SEARCH = search
+                _sync(device)
+                t0 = time.perf_counter()
+                out[search] = nb.NearestIndex(Xo, device if search == "grid" else None).query(Q, k).cpu().numpy()
+                _sync(device)
+                row[f"predict_{search}_s"] = time.perf_counter() - t0
+            row["predict_cells"] = cells
+            row["predict_rows_equal"] = float((out["grid"] == out["kdtree"]).all(1).mean())
+    finally:
+        nb.SEARCH = saved
+    print(f"neighbour search n={n:,} m={m}: max-min ordering {row['maxmin_order_s']:.1f} s (CPU); ordered sets "
+          f"KD-tree {row['ordered_kdtree_s']:.2f} s, grid on {device.type} {row['ordered_grid_s']:.2f} s "
+          f"({row['ordered_rows_equal']:.4%} of rows equal)"
+          + (f"; {cells:,} new places KD-tree {row['predict_kdtree_s']:.2f} s, grid {row['predict_grid_s']:.2f} s"
+             if cells else ""))
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny setting that runs in seconds on any machine")
@@ -255,6 +304,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vecchia-chunk", type=int, default=512, help="points per batched Cholesky of --vecchia fits")
     ap.add_argument("--vecchia-only", action="store_true", help="skip the DBK / GPyTorch part")
     ap.add_argument("--vecchia-models", default="vecchia,dbk-nn", help="which of vecchia, dbk-nn --vecchia fits")
+    ap.add_argument("--neighbors", metavar="N,N", help="time the set-up searches (ordering, KD-tree, grid search on "
+                    "the device) at these sizes; with --vecchia-only nothing else but the --vecchia fits")
     args = ap.parse_args(argv)
 
     gpu = torch.cuda.is_available()
@@ -286,6 +337,11 @@ def main(argv=None) -> int:
                  "compile": bool(args.compile)}
     if args.smoke and not args.vecchia:
         args.vecchia, args.vecchia_epochs = "2000", 2
+    if args.smoke and not args.neighbors:
+        args.neighbors = "5000"
+    if args.neighbors:
+        res["neighbors"] = [bench_neighbor_search(int(v), device, cells=min(cfg["predict"], int(v)))
+                            for v in args.neighbors.split(",") if v.strip()]
     if args.vecchia:
         sizes = [int(v) for v in args.vecchia.split(",") if v.strip()]
         res["vecchia"] = [r for n in sizes for r in bench_vecchia_family(

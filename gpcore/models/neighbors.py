@@ -1,16 +1,60 @@
-"""Orderings and nearest-neighbour sets of the Vecchia family (numpy / scipy; once per fit and per joint
-prediction): the exact max-min ordering, the coordinate ordering and the exact ``m`` nearest predecessors
-(docs/methods/vecchia.md, "Ordering and neighbours")."""
+"""Orderings and nearest-neighbour sets of the Vecchia family (once per fit and per joint prediction): the exact
+max-min ordering, the coordinate ordering, the exact ``m`` nearest predecessors and the nearest training points of
+new places (docs/methods/vecchia.md, "Ordering and neighbours").
+
+Neighbour searches run where the model does: a KD-tree (scipy, every CPU core) for a model on the CPU, the torch
+grid search of :mod:`gpcore.models.grid_search` on an accelerator; both are exact, so they return the same sets
+(docs/methods/vecchia.md, "Neighbour search on a GPU"). The ordering is numpy on the CPU either way."""
 
 from __future__ import annotations
 
 import heapq
+import os
 
 import numpy as np
+import torch
 
 ORDERINGS = ("maxmin", "coord")
 #: KD-tree queries use every core (scipy's ``workers``; the sets are exact, so the same on any number of cores)
 WORKERS = -1
+SEARCHES = ("auto", "grid", "kdtree")
+#: where neighbour searches run: ``"auto"`` the grid search on an accelerator and the KD-tree on the CPU; ``"grid"`` /
+#: ``"kdtree"`` one of them everywhere (``$UA_NEIGHBOR_SEARCH``; the tests run the grid search on the CPU)
+SEARCH = os.environ.get("UA_NEIGHBOR_SEARCH", "auto").strip() or "auto"
+
+
+def use_grid(device) -> bool:
+    """Whether a search for points on ``device`` (None: the CPU) uses the grid search (:data:`SEARCH`)."""
+    if SEARCH not in SEARCHES:
+        raise ValueError(f"UA_NEIGHBOR_SEARCH={SEARCH!r}: use one of {', '.join(SEARCHES)}")
+    if SEARCH != "auto":
+        return SEARCH == "grid"
+    return device is not None and torch.device(device).type != "cpu"
+
+
+class NearestIndex:
+    """The ``k`` nearest rows of ``ref`` (``n x d`` numpy) for query rows: ``query(Q, k)`` returns ``q x k`` int64
+    indices, nearest first, as a tensor on ``device`` (a KD-tree on the CPU, the grid search elsewhere)."""
+
+    def __init__(self, ref: np.ndarray, device=None):
+        self.device = torch.device(device if device is not None else "cpu")
+        self.n = int(ref.shape[0])
+        if use_grid(device):
+            from gpcore.models.grid_search import GridIndex
+
+            ref_t = torch.as_tensor(np.asarray(ref, dtype=np.float64), device=self.device)
+            self.grid, self.tree = GridIndex(ref_t), None
+        else:
+            from scipy.spatial import cKDTree
+
+            self.grid, self.tree = None, cKDTree(np.asarray(ref, dtype=np.float64))
+
+    def query(self, Q: np.ndarray, k: int) -> torch.Tensor:
+        k = min(int(k), self.n)
+        if self.grid is not None:
+            return self.grid.query(torch.as_tensor(np.asarray(Q, dtype=np.float64), device=self.device), k)
+        _, idx = self.tree.query(np.asarray(Q, dtype=np.float64), k=k, workers=WORKERS)
+        return torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(len(Q), k), device=self.device)
 
 
 
@@ -85,7 +129,7 @@ def coord_order(X: np.ndarray) -> np.ndarray:
     return np.argsort(np.asarray(X, dtype=np.float64)[:, 0], kind="stable")
 
 
-def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: int = 0) -> np.ndarray:
+def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: int = 0, device=None):
     """The ``m`` nearest predecessors of every row of the already-ordered ``Xo`` (``n x d``).
 
     Returns ``n x m`` int64 row indices into ``Xo``, nearest first, ``-1`` where row ``i`` has fewer
@@ -94,10 +138,14 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
     among them.
     With ``start > 0`` only rows ``start ..`` are searched (rows appended to an ordered set, e.g. new conditioning
     rows): the result is ``(n - start) x m``, row ``i - start`` for row ``i``.
+    A numpy array from the KD-tree; with the grid search (:func:`use_grid` of ``device``) a tensor on ``device``: the
+    same sets (ties between equally distant points aside), from the same blocks.
     """
     from scipy.spatial import cKDTree
 
     Xo = np.asarray(Xo, dtype=np.float64)
+    if use_grid(device):
+        return _ordered_grid(Xo, m, brute_below, start, torch.device(device if device is not None else "cpu"))
     n = Xo.shape[0]
     out = np.full((n, m), -1, dtype=np.int64)
     if n == 0 or m == 0:
@@ -132,4 +180,28 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
             rest = rest[~done]
             k = min(e, 4 * k)
         s = e
+    return out[start:]
+
+
+def _ordered_grid(Xo: np.ndarray, m: int, brute_below: int, start: int, device: torch.device) -> torch.Tensor:
+    """:func:`ordered_neighbors` by the grid search on ``device``: rows ``[1, nb)`` against the first ``nb`` rows, then
+    each block ``[s, 2s)`` against its first ``2s`` rows (at least half of them predecessors of a block row)."""
+    from gpcore.models.grid_search import GridIndex
+
+    X = torch.as_tensor(Xo, device=device)
+    n = X.shape[0]
+    out = torch.full((n, m), -1, dtype=torch.long, device=device)
+    if n == 0 or m == 0:
+        return out[start:]
+    nb = min(n, max(brute_below, m + 1))
+    bounds, s = [(1, nb)], nb
+    while s < n:
+        bounds.append((s, min(n, 2 * s)))
+        s *= 2
+    for s, e in bounds:
+        s = max(s, start)
+        if s >= e:
+            continue
+        rows = torch.arange(s, e, device=device)
+        out[s:e] = GridIndex(X[:e]).query(X[s:e], m, limit=rows)
     return out[start:]

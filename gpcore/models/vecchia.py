@@ -40,7 +40,7 @@ its ``pred_neighbors`` (default ``m``) nearest training points and its ``joint_n
 ``posterior_cov``, areal sums, joint samples and suggestions (:mod:`gpcore.posterior`, docs/decide.md).
 
 Saved state: hyperparameters, ordered training inputs and targets (scaled), ordering and neighbour sets, as tensors
-(safetensors); the prediction KD-tree is rebuilt on first use.
+(safetensors); the prediction neighbour index is rebuilt on first use.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
 from gpcore.models.kernels import KERNEL_NAMES, group_kernel
 from gpcore.models.linalg import LOG_2PI, VecchiaRow, inv_softplus, psd_safe_cholesky
-from gpcore.models.neighbors import ORDERINGS, WORKERS, coord_order, maxmin_order, ordered_neighbors
+from gpcore.models.neighbors import ORDERINGS, NearestIndex, coord_order, maxmin_order, ordered_neighbors
 from gpcore.models.registry import register
 from gpcore.models.terms import current_terms, subsampled
 
@@ -206,7 +206,7 @@ class VecchiaGP(GPModel):
             return mod
         Xn = st.order_coords(self, mod, Xs)  # the scaled inputs (space-time: / the initial lengthscales)
         perm = maxmin_order(Xn) if self.config.ordering == "maxmin" else coord_order(Xn)
-        nbr = ordered_neighbors(Xn[perm], mod.nbr.shape[1])
+        nbr = ordered_neighbors(Xn[perm], mod.nbr.shape[1], device=Xs.device)
         mod.order, mod.nbr = torch.as_tensor(perm, device=Xs.device), torch.as_tensor(nbr, device=Xs.device)
         mod.X_train = Xs.detach()[mod.order].clone()
         mod.y_train = ys.detach()[mod.order].clone()
@@ -363,7 +363,7 @@ class VecchiaGP(GPModel):
         with torch.no_grad():
             X_all = torch.cat([mod.X_train, Xs[perm].to(mod.X_train.dtype)])
             m = max(min(self.config.neighbors, X_all.shape[0] - 1), mod.nbr.shape[1])  # m nearest, as in training
-            nbr = ordered_neighbors(st.metric_coords(mod, X_all), m, start=n0)
+            nbr = ordered_neighbors(st.metric_coords(mod, X_all), m, start=n0, device=X_all.device)
             pad = torch.full((n0, m - mod.nbr.shape[1]), -1, dtype=mod.nbr.dtype, device=mod.nbr.device)
             mod.nbr = torch.cat([torch.cat([mod.nbr, pad], 1), torch.as_tensor(nbr, device=mod.nbr.device)])
             mod.X_train = X_all
@@ -391,12 +391,11 @@ class VecchiaGP(GPModel):
         """Hook: refresh what depends on the conditioning set (dbk-nn: the posterior of its feature weights)."""
 
     # ---------------------------------------------------------------- prediction
-    def _neighbor_tree(self):
+    def _neighbor_tree(self) -> NearestIndex:
+        """The nearest-neighbour index of the ordered training points (KD-tree or grid search by device), kept."""
         tree = getattr(self, "_tree", None)
         if tree is None:
-            from scipy.spatial import cKDTree
-
-            tree = cKDTree(st.metric_coords(self.module_, self.module_.X_train))
+            tree = NearestIndex(st.metric_coords(self.module_, self.module_.X_train), self.module_.X_train.device)
             self._tree = tree
         return tree
 
@@ -405,8 +404,7 @@ class VecchiaGP(GPModel):
         for the joint posterior ``m``)."""
         m = self.config.neighbors
         k = min(self.config.pred_neighbors or (m if joint else m * 3 // 2), self.module_.X_train.shape[0])
-        _, idx = self._neighbor_tree().query(st.metric_coords(self.module_, xb), k=k, workers=WORKERS)
-        return torch.as_tensor(np.asarray(idx, dtype=np.int64).reshape(xb.shape[0], k), device=xb.device)
+        return self._neighbor_tree().query(st.metric_coords(self.module_, xb), k).to(xb.device)
 
     def _prediction_noise(self, N: torch.Tensor) -> torch.Tensor | None:
         """Noise of the groups ``[N, x]`` (None unweighted); the new point's own entry only sets the unused ``L_mm``."""

@@ -158,7 +158,8 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     order = maxmin_order(Xn) if n > 1 else np.arange(n)
     Xo = Xs.detach()[torch.as_tensor(order, device=Xs.device)]
     NT = model._prediction_neighbors(Xo, joint=True)  # n x m_t, indices into the ordered training points
-    NP = torch.as_tensor(ordered_neighbors(Xn[order], min(m_p, max(n - 1, 0))), device=Xs.device)  # n x m_p, -1 pad
+    NP = torch.as_tensor(ordered_neighbors(Xn[order], min(m_p, max(n - 1, 0)), device=Xs.device),
+                         device=Xs.device)  # n x m_p, -1 pad
     m_t, mp = NT.shape[1], NP.shape[1]
     e = model._joint_residuals()  # training residuals e (ordered training points), float64
     lowrank = model._joint_lowrank()  # (a Phi_T, a Phi_P-function, w_hat, F) or None
