@@ -65,8 +65,9 @@ def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
     distance to the rows already taken is largest (lowest index on ties).
 
     A lazy max-heap of upper bounds: taking a row lowers its neighbours' distances in the array only, and an entry
-    that reaches the top with a stale bound is pushed back with its current distance (an entry whose bound is
-    current is the true maximum, since every other entry bounds its row from above). A taken row's radius is
+    that reaches the top with a stale bound goes back with its current distance unless that still beats every other
+    bound (an entry whose current distance is no worse than all bounds is the true maximum, since every other entry
+    bounds its row from above). A taken row's radius is
     usually inside its ``k_local`` nearest rows (one vectorised query for all rows); only larger radii query the
     KD-tree.
     """
@@ -78,8 +79,6 @@ def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     first = int(np.argmin(((X - X.mean(0)) ** 2).sum(1)))
     dist = np.sqrt(((X - X[first]) ** 2).sum(1))
-    taken = np.zeros(n, dtype=bool)
-    taken[first] = True
     order = np.empty(n, dtype=np.int64)
     order[0] = first
     count = 1
@@ -97,30 +96,27 @@ def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
     mask, top = (1 << sh) - 1, 1 << 63
     heap = [((top - b) << sh) | i for i, b in enumerate(bits.tolist()) if i != first]
     heapq.heapify(heap)
-    pop, push = heapq.heappop, heapq.heappush
-    is_taken = bytearray(taken.tobytes())
-    while heap:
-        key = pop(heap)
+    pop, replace = heapq.heappop, heapq.heapreplace
+    key = pop(heap) if heap else None
+    while key is not None:
         i = key & mask
-        if is_taken[i]:
+        current = ((top - bits_at(i)) << sh) | i
+        if current != key and heap and current > heap[0]:
+            key = replace(heap, current)  # stale bound: back with its current distance, the best bound out (one sift)
             continue
-        b = bits_at(i)
-        if key >> sh != top - b:
-            push(heap, ((top - b) << sh) | i)  # stale bound: back with the current distance
-            continue
-        is_taken[i] = 1
+        # current bound, or a stale one whose current distance still beats every other bound: the maximum
         order[count] = i
         count += 1
         r = dist_at(i)
-        if r <= 0:  # only duplicates of taken points are left: they keep distance 0, take them in index order
-            continue
-        r = r * (1.0 + 1e-9)
-        if r < reach[i]:
-            ball, nd = knn_i[i], knn_d[i]
-        else:
-            ball = np.asarray(tree.query_ball_point(X[i], r), dtype=np.int64)
-            nd = np.sqrt(((X[ball] - X[i]) ** 2).sum(1))
-        dist[ball] = np.minimum(dist[ball], nd)
+        if r > 0:  # r = 0: only duplicates of taken points are left, taken in index order
+            r = r * (1.0 + 1e-9)
+            if r < reach[i]:
+                ball, nd = knn_i[i], knn_d[i]
+            else:
+                ball = np.asarray(tree.query_ball_point(X[i], r), dtype=np.int64)
+                nd = np.sqrt(((X[ball] - X[i]) ** 2).sum(1))
+            dist[ball] = np.minimum(dist[ball], nd)
+        key = pop(heap) if heap else None
     return order
 
 

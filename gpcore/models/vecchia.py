@@ -219,7 +219,9 @@ class VecchiaGP(GPModel):
         the lengthscale is the median distance to the m-th nearest predecessor (space-time: spacetime.py's), the noise
         the semivariance ``mean (y_i - y_nearest(i))^2 / 2`` clamped to 5-90 % of the target variance ``v``, the
         outputscale ``v`` less that noise. Why not fixed values: docs/benchmarks/settings.md ("the automatic initial
-        lengthscale") and docs/benchmarks/speed.md ("initial variances from the neighbours")."""
+        lengthscale") and docs/benchmarks/speed.md ("initial variances from the neighbours"). A space-time model keeps
+        1 and 0.1 (its nearest predecessor is often the same tile in another quarter; docs/benchmarks/spacetime.md,
+        "the forecast after the semivariance start")."""
         cfg, (n, m) = self.config, mod.nbr.shape
         spatial = not st.init_hypers(mod)  # space-time: the initial lengthscales of the ordering metric
         h = max(n // 2, m)
@@ -228,8 +230,8 @@ class VecchiaGP(GPModel):
                 r = cfg.lengthscale_init or (0.3 if not n > m > 0 else float(
                     (mod.X_train[h:].double() - mod.X_train[mod.nbr[h:, -1]].double()).norm(dim=-1).median()))
                 mod.raw_ell.fill_(inv_softplus(max(r, 1e-3) if cfg.lengthscale_init == 0 else r))
-            if not n > m > 0:
-                return  # too few rows: the variances keep the settings' values (1, 0.1 when auto)
+            if not (n > m > 0 and spatial):
+                return  # too few rows, or space-time: the variances keep the settings' values (1, 0.1 when auto)
             y = mod.y_train.double()
             v = float(y.var())
             semi = 0.5 * float((y[h:] - y[mod.nbr[h:, 0]]).pow(2).mean())  # the nearest predecessor's semivariance

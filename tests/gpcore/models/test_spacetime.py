@@ -468,3 +468,27 @@ def test_dbknn_feature_screen_holds_in_space_time(kind):
         closed = (-0.5 * n * np.log(2 * np.pi) - 0.5 * (ld + n * np.log(c)) - 0.5 * np.log(d).sum()
                   - (uu - t * (h / d).sum()) / (2 * c))
         assert closed == pytest.approx(model.log_likelihood().item(), rel=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["separable", "gneiting"])
+def test_space_time_variances_start_at_one_and_a_tenth_not_the_semivariance(kind):
+    """A space-time model's noise and outputscale start at 0.1 and 1 (auto settings), where the spatial model's
+    start from the nearest predecessors' semivariance (docs/methods/spacetime.md: the nearest predecessor in the
+    space-time metric is often the same place in another quarter); set values are kept."""
+    X, y = _data(n=300)
+    y = y + 3.0 * np.random.default_rng(9).normal(size=y.shape)  # noisy: the spatial start moves far from 0.1
+    starts = {}
+    for space_time, cols in (("none", slice(0, 2)), (kind, slice(0, 3))):
+        model = make_model("vecchia", neighbors=8, space_time=space_time, dtype="float64", device="cpu")
+        model.d_ = cols.stop
+        model._set_scalers(X[:, cols], y)
+        mod = model._build(cols.stop, model.scale_x(X[:, cols]), model.scale_y(y))
+        starts[space_time] = (mod.noise.item(), mod.outputscale.item())
+    assert starts[kind] == pytest.approx((0.1, 1.0), rel=1e-6)
+    assert abs(starts["none"][0] - 0.1) > 0.1  # the spatial model did move its start (not a vacuous comparison)
+    model = make_model("vecchia", neighbors=8, space_time=kind, dtype="float64", device="cpu", noise_init=0.3,
+                       outputscale_init=2.0)
+    model.d_ = 3
+    model._set_scalers(X, y)
+    mod = model._build(3, model.scale_x(X), model.scale_y(y))
+    assert (mod.noise.item(), mod.outputscale.item()) == pytest.approx((0.3, 2.0), rel=1e-6)
