@@ -51,6 +51,7 @@ class GridIndex:
             max_level = int(min(31 if self.b == 2 else 62, int(max(1.0, per_dim)).bit_length() + 3))
         self.L = int(max_level)
         self.codes, self.perm = torch.sort(self._codes(self._cells(P)))
+        self.offsets = torch.tensor(list(itertools.product((-1, 0, 1), repeat=self.b)), device=R.device)  # 3^b x b
 
     # ------------------------------------------------------------------ cells and codes
     def _cells(self, P: torch.Tensor) -> torch.Tensor:
@@ -68,8 +69,7 @@ class GridIndex:
         level-``level`` cells ``C`` (``q x b``); cells outside the grid are empty."""
         G = 1 << level
         shift = self.b * (self.L - level)
-        offsets = torch.tensor(list(itertools.product((-1, 0, 1), repeat=self.b)), device=C.device)
-        N = C[:, None, :] + offsets[None]  # q x 3^b x b
+        N = C[:, None, :] + self.offsets[None]  # q x 3^b x b
         inside = ((N >= 0) & (N < G)).all(-1)
         code = self._codes(N.clamp(0, G - 1).reshape(-1, self.b)).reshape(N.shape[:2])
         lo = torch.searchsorted(self.codes, code << shift)
