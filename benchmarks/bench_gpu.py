@@ -9,6 +9,7 @@ run. Target on one H100: one DBK epoch <= 1 s.
     python benchmarks/bench_gpu.py --profile        # also count host-device syncs per training step (CUDA)
     python benchmarks/bench_gpu.py --backbone-precision bf16 --compile --json out.json
     python benchmarks/bench_gpu.py --vecchia 100000,1000000 --vecchia-only   # vecchia and dbk-nn fit / predict
+    python benchmarks/bench_gpu.py --neighbors 100000,1000000 --vecchia-only  # ordering, KD-tree vs grid search
 
 Without a CUDA GPU the script says so in its first line and in the JSON (``"gpu": false``); its
 numbers are then CPU numbers of a reduced setting and must not be read as GPU numbers.
