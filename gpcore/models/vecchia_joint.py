@@ -176,8 +176,9 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
         b = T.shape[0]
         Pc = P.clamp_min(0)
         Xg = torch.cat([X_tr[T], Xo[Pc], Xo[i : i + b, None, :]], dim=1).double()
-        valid = torch.cat([torch.ones_like(T, dtype=torch.bool), P >= 0,
-                           torch.ones(b, 1, dtype=torch.bool, device=Xs.device)], dim=1)
+        # rows i >= m_p have m_p earlier places each: no padding (valid=None skips the masks), known without a sync
+        valid = None if i >= mp else torch.cat([torch.ones_like(T, dtype=torch.bool), P >= 0,
+                                                torch.ones(b, 1, dtype=torch.bool, device=Xs.device)], dim=1)
         noise_t = model._group_noise(T)
         if noise_t is None:
             noise_t = mod.noise.double().expand(T.shape)
@@ -186,7 +187,8 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
         L = psd_safe_cholesky(covariance(mod, Xg, valid, noise))
         w = torch.linalg.solve_triangular(L[:, :-1, :-1].transpose(-1, -2), L[:, -1, :-1].unsqueeze(-1),
                                           upper=True).squeeze(-1)  # kriging weights on [T, P]
-        w = torch.where(valid[:, :-1], w, zero)
+        if valid is not None:
+            w = torch.where(valid[:, :-1], w, zero)
         bt, bp = w[:, :m_t], w[:, m_t:]
         c[i : i + b] = (bt * e[T]).sum(-1)
         BP[i : i + b] = bp
