@@ -26,7 +26,10 @@ SEARCH = os.environ.get("UA_NEIGHBOR_SEARCH", "auto").strip() or "auto"
 def use_grid(device) -> bool:
     """Whether a search for points on ``device`` (None: the CPU) uses the grid search (:data:`SEARCH`)."""
     if SEARCH not in SEARCHES:
-        raise ValueError(f"UA_NEIGHBOR_SEARCH={SEARCH!r}: use one of {', '.join(SEARCHES)}")
+        from gpcore.errors import ConfigError
+
+        raise ConfigError(f"environment variable UA_NEIGHBOR_SEARCH={SEARCH!r} is not a neighbour search: set it to "
+                          f"one of {', '.join(SEARCHES)}, or unset it (auto)")
     if SEARCH != "auto":
         return SEARCH == "grid"
     return device is not None and torch.device(device).type != "cpu"

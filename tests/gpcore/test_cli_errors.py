@@ -84,6 +84,15 @@ def test_cuda_without_a_gpu(files, tmp_path, capsys):
                        "no CUDA GPU")
 
 
+def test_an_unknown_neighbour_search_in_the_environment(files, tmp_path, capsys, monkeypatch):
+    from gpcore.models import neighbors
+
+    monkeypatch.setattr(neighbors, "SEARCH", "gpu")  # as UA_NEIGHBOR_SEARCH=gpu sets it at import
+    _expect_user_error(capsys, ["fit", "--data", str(files / "speeds.csv"), "--x", "lon,lat", "--y", "download_mbps",
+                                "--grid", "none", "--out", str(tmp_path / "o"), "--model", "vecchia", "--set",
+                                "epochs=2"], "UA_NEIGHBOR_SEARCH='gpu'")
+
+
 @pytest.mark.parametrize("name,needle", [("huge_y.csv", "not finite"), ("comma.csv", "decimal comma"),
                                          ("mercator.geojson", "EPSG:4326"), ("missing.csv", "not found")])
 def test_fit_data_errors(files, tmp_path, capsys, name, needle):
