@@ -94,8 +94,10 @@ def screen_features(model, Xs, ys, Xv, yv, ws=None, wv=None) -> dict:
     a, c, ll = best_scale(lam, h, uu, ld, n)
     mod = model.module_
     mod.features_on = False  # the residual fit's own validation rows, for the paired comparison
-    val0, _, rows0 = training.validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=True)
-    mod.features_on = True
+    try:
+        val0, _, rows0 = training.validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=True)
+    finally:  # an interrupted pass leaves the model as the caller had it
+        mod.features_on = True
     apply_scale(model, a, c)  # phi does not depend on (a, c): the cached features stay valid
     val, _, rows = training.validation_metrics(model, Xs, ys, Xv, yv, ws, wv, rows=True)
     ll0 = profile_loglik(0.0, lam, h, uu, ld, n)[0]
