@@ -45,7 +45,8 @@ class GridIndex:
         P = R[:, : self.b]
         self.lo = P.min(0).values if n else torch.zeros(self.b, dtype=R.dtype, device=R.device)
         span = (P.max(0).values - self.lo).max() if n else torch.ones((), dtype=R.dtype, device=R.device)
-        self.h0 = float(span) if float(span) > 0 else 1.0
+        h0 = float(span)
+        self.h0 = h0 if h0 > 0 else 1.0
         if max_level is None:  # finest cells hold about one point on spread-out data, a few levels finer for clusters
             per_dim = max(n, 1) ** (1.0 / self.b)
             max_level = int(min(31 if self.b == 2 else 62, int(max(1.0, per_dim)).bit_length() + 3))

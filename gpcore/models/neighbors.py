@@ -70,9 +70,8 @@ def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
     A lazy max-heap of upper bounds: taking a row lowers its neighbours' distances in the array only, and an entry
     that reaches the top with a stale bound goes back with its current distance unless that still beats every other
     bound (an entry whose current distance is no worse than all bounds is the true maximum, since every other entry
-    bounds its row from above). A taken row's radius is
-    usually inside its ``k_local`` nearest rows (one vectorised query for all rows); only larger radii query the
-    KD-tree.
+    bounds its row from above). A taken row's radius is usually inside its ``k_local`` nearest rows (one vectorised
+    query for all rows); only larger radii query the KD-tree.
     """
     from scipy.spatial import cKDTree
 
@@ -161,9 +160,7 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
         out[s:e, :k] = np.where(valid, idx, -1)
     # then blocks [s, 2s) of the ordering, each against a tree of its first 2s rows: at least half of a block row's
     # tree neighbours are its predecessors, so k ~ 2m finds them (a tree over all n rows needs k ~ m n / i)
-    s = max(nb, start)
-    while s < n:
-        e = min(n, 2 * s)
+    for s, e in _doubling_blocks(n, nb, start):
         tree = cKDTree(Xo[:e])
         rest = np.arange(s, e)
         k = min(e, 2 * m + 8)
@@ -178,8 +175,16 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
                 out[rest[rows]] = np.take_along_axis(idx[rows], sel, 1)
             rest = rest[~done]
             k = min(e, 4 * k)
-        s = e
     return out[start:]
+
+
+def _doubling_blocks(n: int, nb: int, start: int):
+    """The row blocks ``[s, 2s)`` (the last cut at ``n``) of an ordered set from row ``max(nb, start)`` on: each is
+    searched against its first ``2s`` rows, at least half of them predecessors of a block row."""
+    s = max(nb, start)
+    while s < n:
+        yield s, min(n, 2 * s)
+        s = min(n, 2 * s)
 
 
 def _ordered_grid(Xo: np.ndarray, m: int, brute_below: int, start: int, device: torch.device) -> torch.Tensor:
@@ -193,14 +198,8 @@ def _ordered_grid(Xo: np.ndarray, m: int, brute_below: int, start: int, device: 
     if n == 0 or m == 0:
         return out[start:]
     nb = min(n, max(brute_below, m + 1))
-    bounds, s = [(1, nb)], nb
-    while s < n:
-        bounds.append((s, min(n, 2 * s)))
-        s *= 2
-    for s, e in bounds:
-        s = max(s, start)
-        if s >= e:
-            continue
+    first = [(max(1, start), nb)] if max(1, start) < nb else []  # row 0 has no predecessors
+    for s, e in first + list(_doubling_blocks(n, nb, start)):
         rows = torch.arange(s, e, device=device)
         out[s:e] = GridIndex(X[:e]).query(X[s:e], m, limit=rows)
     return out[start:]
