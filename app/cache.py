@@ -358,10 +358,14 @@ def get_run(run_id: str | None):
 
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=6)
 def st_model(path: str, stamp: float):
-    """The trained model of a run (loaded once per run, never retrained)."""
+    """The trained model of a run (loaded once per run, never retrained); a spatial ``vecchia`` / ``dbk-nn`` run's
+    stored grid factor goes back into it (``gpcore.run.grid_joint.prime``), so decisions on the grid start there."""
+    from gpcore.run import grid_joint
     from gpcore.run.rundir import load_model
 
-    return load_model(path, device="auto")
+    model = load_model(path, device="auto")
+    grid_joint.prime(path, model, st_run_data(path, stamp).grid)
+    return model
 
 
 @st.cache_resource(show_spinner="Caching the grid's kernel features ...", max_entries=4)

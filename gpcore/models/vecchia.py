@@ -459,14 +459,26 @@ class VecchiaGP(GPModel):
         from gpcore.models.vecchia_joint import build_joint
 
         self._check_fitted()
-        key = (tuple(Xs.shape), hash(Xs.detach().cpu().numpy().tobytes()), m_pred)
-        cached = getattr(self, "_joint_cache", None)
+        key, cached = self._joint_key(Xs, m_pred), getattr(self, "_joint_cache", None)
         if cached is not None and cached[0] == key:
             return cached[1]
         with torch.no_grad():
-            joint = build_joint(self, Xs, group_covariance, m_pred)
-        self._joint_cache = (key, joint)
-        return joint
+            self._joint_cache = (key, build_joint(self, Xs, group_covariance, m_pred))
+        return self._joint_cache[1]
+
+    @staticmethod
+    def _joint_key(Xs: torch.Tensor, m_pred: int | None) -> tuple:
+        return tuple(Xs.shape), hash(Xs.detach().cpu().numpy().tobytes()), m_pred
+
+    @torch.no_grad()
+    def keep_joint(self, Xs: torch.Tensor, joint) -> None:
+        """Keep ``joint`` (a run's stored grid factor, :mod:`gpcore.run.grid_joint`) as the joint posterior at scaled
+        places ``Xs``, as :meth:`joint_s` keeps one it builds; a low-rank part is completed from the features."""
+        self._check_fitted()
+        if joint.n != Xs.shape[0]:
+            raise ValueError(f"a joint posterior of {joint.n} places for {Xs.shape[0]} places")
+        joint = joint if joint.F is not None else joint.with_lowrank(self._joint_lowrank(), Xs)
+        self._joint_cache = (self._joint_key(Xs, None), joint)
 
     def _joint_residuals(self) -> torch.Tensor:
         """The residuals ``y - mu0`` the new places condition on (ordered; ``mu0 + b t`` with a time trend)."""

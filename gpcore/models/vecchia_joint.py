@@ -62,6 +62,8 @@ class VecchiaJoint:
     F: np.ndarray | None = None
     Phi: np.ndarray | None = None
     BPhi: np.ndarray | None = None
+    T: np.ndarray | None = None  # with a low-rank part: each place's training neighbours (n x m_t, ordering space)
+    Bt: np.ndarray | None = None  # ... and their kriging weights b_j (BPhi = sum_k Bt[:, k] a Phi_T[T[:, k]])
 
     @property
     def n(self) -> int:
@@ -137,6 +139,98 @@ class VecchiaJoint:
             G = np.concatenate([G, self.Q @ self.F], 1)
         return G
 
+    # ---------------------------------------------------------------- persistence (a run keeps its grid's factor)
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The factor as named CPU tensors for a safetensors file: ``order``, ``U``'s CSR parts (``U_indptr``,
+        ``U_indices``, ``U_data``), ``d``, ``mean``, and with a low-rank part the training neighbours ``T`` and their
+        weights ``Bt`` (``n x m_t``; :meth:`with_lowrank` rebuilds ``Phi``, ``BPhi`` and ``F`` from the model).
+        :meth:`from_tensors` reads them back, checked."""
+        U = self.U.tocsr(copy=True)
+        U.sort_indices()
+        arrays = {"order": np.asarray(self.order, dtype=np.int64), "U_indptr": U.indptr.astype(np.int64),
+                  "U_indices": U.indices.astype(np.int64), "U_data": U.data.astype(np.float64),
+                  "d": np.asarray(self.d, dtype=np.float64), "mean": np.asarray(self.mean, dtype=np.float64)}
+        if self.F is not None:  # the n x p features are the model's: only the training weights are stored
+            arrays.update(T=np.asarray(self.T, dtype=np.int64), Bt=np.asarray(self.Bt, dtype=np.float64))
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+
+    def reindexed(self, perm: np.ndarray) -> VecchiaJoint:
+        """The same joint posterior with the places in another caller order: new place ``r`` is old place
+        ``perm[r]`` (``perm`` a permutation)."""
+        perm = np.asarray(perm, dtype=np.int64)
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(perm.shape[0])
+        out = VecchiaJoint(inv[self.order], self.U, self.d, self.mean[perm], T=self.T, Bt=self.Bt)
+        if self.F is not None:
+            out.F, out.Phi, out.BPhi = self.F, self.Phi[perm], self.BPhi
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict, n: int) -> VecchiaJoint:
+        """The factor of :meth:`tensors` for ``n`` places, checked before use: ``ValueError`` saying what is wrong
+        (a missing or extra entry, a dtype or shape, ``order`` not a permutation, ``U`` not unit lower triangular
+        with sorted rows, a non-finite value, a negative variance)."""
+        need = {"order", "U_indptr", "U_indices", "U_data", "d", "mean"}
+        low = {"T", "Bt"}
+        keys = set(tensors)
+        if not need <= keys or keys - need - low or (keys & low and not low <= keys):
+            raise ValueError(f"entries {sorted(keys)}; expected {sorted(need)}, plus {sorted(low)} with a low-rank "
+                             "part")
+        a = {k: v.detach().cpu().numpy() for k, v in tensors.items()}
+        for k, v in a.items():
+            want = np.int64 if k in ("order", "U_indptr", "U_indices", "T") else np.float64
+            if v.dtype != want:
+                raise ValueError(f"'{k}' is {v.dtype}, expected {np.dtype(want)}")
+            if v.dtype == np.float64 and not np.isfinite(v).all():
+                raise ValueError(f"'{k}' holds non-finite values")
+        order, indptr, indices, data = a["order"], a["U_indptr"], a["U_indices"], a["U_data"]
+        for k, shape in (("order", (n,)), ("U_indptr", (n + 1,)), ("d", (n,)), ("mean", (n,))):
+            if a[k].shape != shape:
+                raise ValueError(f"'{k}' has shape {a[k].shape}, expected {shape} for {n} places")
+        if n and (order.min() < 0 or order.max() >= n or np.bincount(order, minlength=n).max() != 1):
+            raise ValueError("'order' is not a permutation of the places")
+        nnz = indices.shape[0]
+        if indices.ndim != 1 or data.shape != (nnz,) or indptr[0] != 0 or indptr[-1] != nnz \
+                or (np.diff(indptr) < 1).any():
+            raise ValueError("'U_indptr', 'U_indices', 'U_data' are not the CSR parts of an n x n matrix with a "
+                             "diagonal entry in every row")
+        rows = np.repeat(np.arange(n), np.diff(indptr))
+        last = indptr[1:] - 1  # the diagonal: the last entry of each sorted row
+        same = rows[1:] == rows[:-1]
+        if (indices < 0).any() or (indices > rows).any() or (np.diff(indices)[same] <= 0).any() \
+                or (indices[last] != np.arange(n)).any() or (data[last] != 1.0).any():
+            raise ValueError("'U' is not unit lower triangular with sorted rows")
+        if (a["d"] < 0).any():
+            raise ValueError("'d' holds negative conditional variances")
+        U = sp.csr_matrix((data, indices, indptr), shape=(n, n))
+        joint = cls(order, U, a["d"], a["mean"])
+        if "T" in a:
+            T, Bt = a["T"], a["Bt"]
+            if T.ndim != 2 or T.shape[0] != n or Bt.shape != T.shape or (n and T.min() < 0):
+                raise ValueError(f"low-rank training neighbours T {T.shape} / weights Bt {Bt.shape} do not fit {n} "
+                                 "places")
+            joint.T, joint.Bt = T, Bt  # completed by with_lowrank
+        return joint
+
+    def with_lowrank(self, lowrank, Xs: torch.Tensor) -> VecchiaJoint:
+        """A stored factor's low-rank part completed from its model: ``lowrank`` is ``(a Phi_T, x -> a phi(x), w_hat,
+        F)`` of ``model._joint_lowrank()``, ``Xs`` the places (caller order). ``ValueError`` when the stored part and
+        the model's disagree (one has a low-rank part and the other not, or neighbours beyond the training rows)."""
+        if (lowrank is None) != (self.T is None):
+            raise ValueError("the stored factor and the model disagree on the low-rank part (features on or off)")
+        if lowrank is None:
+            return self
+        aPhi_T, phi_p, _, F = lowrank
+        if self.T.size and self.T.max() >= aPhi_T.shape[0]:
+            raise ValueError(f"training neighbours beyond the model's {aPhi_T.shape[0]} training rows")
+        T = torch.as_tensor(self.T, device=aPhi_T.device)
+        Bt = torch.as_tensor(self.Bt, device=aPhi_T.device)
+        self.BPhi = torch.einsum("bk,bkp->bp", Bt, aPhi_T.double()[T]).cpu().numpy()
+        self.Phi = phi_p(Xs).double().cpu().numpy()
+        self.F = F.double().cpu().numpy()
+        return self
+
+
 @torch.no_grad()
 def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) -> VecchiaJoint:
     """The :class:`VecchiaJoint` of a fitted ``vecchia`` / ``dbk-nn`` model at scaled inputs ``Xs`` (``n x d``).
@@ -169,6 +263,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     d = torch.empty(n, dtype=torch.float64, device=Xs.device)
     BP = torch.empty(n, mp, dtype=torch.float64, device=Xs.device)
     BPhi = None if lowrank is None else torch.empty(n, lowrank[0].shape[1], dtype=torch.float64, device=Xs.device)
+    Bt = None if lowrank is None else torch.empty(n, m_t, dtype=torch.float64, device=Xs.device)  # kept for storing
     zero = torch.zeros((), dtype=torch.float64, device=Xs.device)
     for i in range(0, n, cs):
         T = NT[i : i + cs]
@@ -195,6 +290,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
         d[i : i + b] = L[:, -1, -1].pow(2)
         if BPhi is not None:
             BPhi[i : i + b] = torch.einsum("bk,bkp->bp", bt, lowrank[0][T])
+            Bt[i : i + b] = bt
     rows = np.repeat(np.arange(n), mp)
     cols = NP.cpu().numpy().ravel()
     vals = -BP.cpu().numpy().ravel()
@@ -210,6 +306,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
         _, phi_p, w_hat, F = lowrank
         Phi_P = phi_p(Xs).cpu().numpy()  # a Phi at the new places, caller order
         joint.Phi, joint.BPhi, joint.F = Phi_P, BPhi.cpu().numpy(), F.cpu().numpy()  # Q on demand (VecchiaJoint.Q)
+        joint.T, joint.Bt = NT.cpu().numpy(), Bt.cpu().numpy()
         mean = mean + Phi_P @ w_hat.cpu().numpy()
     joint.mean = mean
     return joint

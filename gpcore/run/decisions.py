@@ -22,7 +22,7 @@ import pandas as pd
 
 from gpcore import decide
 from gpcore.errors import GPCoreError
-from gpcore.run import rundir
+from gpcore.run import grid_joint, rundir
 
 
 @dataclass
@@ -78,7 +78,9 @@ def open_run(run_dir, device: str | None = None, at: str | None = None) -> Store
     transform = get_transform(manifest["config"].get("transform", "identity"))
     if not has_time_input(manifest):
         run_time_at(manifest["config"], at)  # --at on a spatial run: an error naming the flag
-        return StoredRun(Path(run_dir), manifest, model, rundir.read_grid_frame(run_dir, manifest), transform)
+        grid = rundir.read_grid_frame(run_dir, manifest)
+        grid_joint.prime(run_dir, model, grid)  # vecchia / dbk-nn: the factor the fit stored, when it matches
+        return StoredRun(Path(run_dir), manifest, model, grid, transform)
     quarter = at or (manifest.get("time") or {}).get("grid_quarter")
     t = run_time_at(manifest["config"], quarter) if quarter else None
     stored = quarter in rundir.grid_quarters(run_dir)

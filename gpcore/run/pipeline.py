@@ -30,7 +30,7 @@ from gpcore import metrics as M
 from gpcore.device import describe_device
 from gpcore.errors import ConfigError, DataError, TrainingError
 from gpcore.identity import dataset_identity
-from gpcore.run import rundir
+from gpcore.run import grid_joint, rundir
 from gpcore.run.config import RunConfig
 from gpcore.run.predict import grid_predictions, input_columns, quarter_grid_predictions, run_inputs, time_summary
 from gpcore.run.timespan import check_time_rows
@@ -415,6 +415,7 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
         test_df["t"] = prep.t[prep.test_idx]
     rundir.write_tables(out, model=model, test_predictions=test_df, metrics=table, history=_clean(model.history_),
                         grid=gp, cells=grid, quarter_grids=quarter_grids)
+    joint_s = None if cfg.time_input else grid_joint.write(out, model, gp)  # vecchia / dbk-nn: decisions start here
     manifest = {
         "format": rundir.RUN_FORMAT,
         "run_id": final.name,
@@ -439,6 +440,7 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
             "fit_seconds": fit_s,
             "predict_test_seconds": predict_s,
             "predict_grid_seconds": grid_s,
+            "grid_joint_seconds": joint_s,
             "total_seconds": time.perf_counter() - t_all,
         },
         "train_info": model.train_info_,

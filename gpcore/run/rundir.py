@@ -10,6 +10,8 @@ A run folder holds::
     grids/<quarter>.parquet  a run with time as an input: the grid at each quarter of its data (2019Q1.parquet ...;
                              grid.parquet is the latest); run.json "time" lists them
     grid_cells.parquet       the grid polygons as GeoParquet (cell_id, geometry; for maps and exports)
+    grid_joint.safetensors   a spatial vecchia / dbk-nn run: the joint posterior's sparse factor over grid.parquet's
+                             cells, tied to grid.parquet and model/ by their SHA-256 (gpcore.run.grid_joint)
     history.json             per-epoch loss and validation NLL
 
 Writing is atomic (:func:`writing`): every file goes into a hidden ``.tmp-<run id>-<pid>-<hex>`` folder beside
@@ -48,6 +50,8 @@ GRIDS = "grids"
 QUARTER_RE = re.compile(r"\d{4}Q[1-4]")
 CELLS = "grid_cells.parquet"
 CELLS_GEOJSON = "grid_cells.geojson"  # runs written before the cells were GeoParquet
+#: the joint posterior's factor over the grid's cells (safetensors; its metadata ties it to the grid and model)
+JOINT = "grid_joint.safetensors"
 METRICS = "metrics.csv"
 TEST_PREDICTIONS = "test_predictions.parquet"
 HISTORY = "history.json"
@@ -393,6 +397,45 @@ def read_test_predictions(run_dir):
 
     p = Path(run_dir) / TEST_PREDICTIONS
     return _table(p, ("y", "mean", "var_y", "stratum")) if p.is_file() else pd.DataFrame()
+
+
+def file_digest(*paths: Path) -> str:
+    """SHA-256 over the bytes of ``paths`` (files; a folder: its files in name order): what ties a run's stored
+    grid factor to the grid and model it was built from."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in paths:
+        for f in sorted(Path(p).iterdir()) if Path(p).is_dir() else [Path(p)]:
+            h.update(f.name.encode() + b"\0")
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def write_joint(run_dir, tensors: dict, identity: dict) -> None:
+    """Write the grid factor's tensors with ``identity`` (JSON: what it was built from) as safetensors metadata."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(Path(run_dir) / JOINT), metadata={"identity": json.dumps(identity, sort_keys=True)})
+
+
+def read_joint(run_dir) -> tuple[dict, dict] | None:
+    """``(tensors, identity)`` of the run's stored grid factor; ``None`` when it has none; :class:`RunError` naming the
+    file when it cannot be read."""
+    from safetensors import safe_open
+
+    p = Path(run_dir) / JOINT
+    if not p.is_file():
+        return None
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            identity = json.loads((f.metadata() or {}).get("identity", "null"))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors and json raise several types for damaged files
+        raise RunError(f"run '{p.parent.name}': {JOINT} cannot be read ({type(e).__name__}); delete it") from None
+    if not isinstance(identity, dict):
+        raise RunError(f"run '{p.parent.name}': {JOINT} has no identity in its metadata; delete it")
+    return tensors, identity
 
 
 def model_zip(run_dir) -> bytes:

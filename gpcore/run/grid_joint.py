@@ -1,0 +1,97 @@
+"""A run keeps the joint posterior's factor over its grid (docs/decide.md, "A run keeps its grid's factor").
+
+For ``vecchia`` and ``dbk-nn`` every joint decision over a run's grid (area posteriors, joint samples, suggestions)
+starts from the sparse factor of the joint Vecchia prediction over the grid's cells
+(:mod:`gpcore.models.vecchia_joint`); building it is most of the first decision's time (seconds on a 50,000-cell
+grid). A fit builds it once, beside the grid's marginals, and writes it into the run (:data:`rundir.JOINT
+<gpcore.run.rundir.JOINT>`); :func:`prime` puts it back into a loaded model, so the first county table on the run's
+grid starts from it. Exceedance already reads the stored marginals the same way.
+
+The file is derived data. It records the SHA-256 of ``grid.parquet`` and of ``model/`` it was built from and the
+grid's ``cell_id`` order; it is used only when both digests still match and its tensors pass
+:meth:`VecchiaJoint.from_tensors <gpcore.models.vecchia_joint.VecchiaJoint.from_tensors>`'s checks. Otherwise it is
+left alone (with a warning when damaged) and the factor is built on demand, as for any other places. Spatial runs
+only: a run with time as an input builds a factor per quarter when a decision asks for it.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from gpcore.errors import RunError
+from gpcore.run import rundir
+
+FORMAT = 1
+
+
+def _has_joint_factor(model) -> bool:
+    return hasattr(model, "keep_joint") and hasattr(model, "joint_s")
+
+
+def _inputs(model, grid) -> torch.Tensor:
+    """The model's scaled inputs of the grid's cells, computed as a decision over the same frame computes them
+    (``decisions.place_inputs`` of a spatial run, then :mod:`gpcore.posterior`'s scaling), so the model's cache key
+    matches (the tests check that no decision rebuilds the factor)."""
+    from gpcore.models import as_2d_float
+
+    return model.scale_x(as_2d_float(grid[["lon", "lat"]].to_numpy(float), "X", d=model.d_))
+
+
+def _identity(run_dir: Path) -> dict:
+    return {"format": FORMAT, "grid_sha256": rundir.file_digest(run_dir / rundir.GRID),
+            "model_sha256": rundir.file_digest(run_dir / rundir.MODEL)}
+
+
+def write(run_dir, model, grid: pd.DataFrame) -> float | None:
+    """Build the joint factor over ``grid`` (the frame written as the run's ``grid.parquet``, with ``cell_id``,
+    ``lon``, ``lat``) and write it into ``run_dir`` after the grid and model files; the seconds it took, ``None``
+    for a model without a joint Vecchia posterior."""
+    if not _has_joint_factor(model) or grid is None or not len(grid):
+        return None
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    joint = model.joint_s(_inputs(model, grid))
+    tensors = joint.tensors()
+    tensors["cell_id"] = torch.from_numpy(np.array(grid["cell_id"].to_numpy(dtype=np.int64)))
+    rundir.write_joint(run_dir, tensors, {**_identity(run_dir), "cells": int(len(grid))})
+    return time.perf_counter() - t0
+
+
+def prime(run_dir, model, grid: pd.DataFrame) -> bool:
+    """Put the run's stored grid factor into ``model`` (its joint posterior at ``grid``'s cells, in ``grid``'s row
+    order) when it was built from this run's grid and model; whether it did. A damaged file warns and is ignored."""
+    if not _has_joint_factor(model) or grid is None or not len(grid):
+        return False
+    run_dir = Path(run_dir)
+    try:
+        stored = rundir.read_joint(run_dir)
+    except RunError as e:
+        warnings.warn(f"{e}; the grid's joint factor is built on demand", stacklevel=2)
+        return False
+    if stored is None:
+        return False
+    tensors, identity = stored
+    if identity != {**_identity(run_dir), "cells": int(len(grid))}:
+        return False  # built from another grid or model (the run was rewritten): not this run's factor
+    from gpcore.models.vecchia_joint import VecchiaJoint
+
+    try:
+        ids = tensors.pop("cell_id", None)
+        if ids is None or ids.dtype != torch.int64 or ids.shape != (len(grid),):
+            raise ValueError("'cell_id' is missing or is not one int64 per grid cell")
+        perm = pd.Index(ids.numpy()).get_indexer(grid["cell_id"].to_numpy(dtype=np.int64))
+        if (perm < 0).any() or len(np.unique(perm)) != len(perm):
+            raise ValueError("its 'cell_id' are not the grid's cells")
+        joint = VecchiaJoint.from_tensors(tensors, len(grid)).reindexed(perm)
+    except ValueError as e:
+        warnings.warn(f"run '{run_dir.name}': {rundir.JOINT} is damaged ({e}); the grid's joint factor is built on "
+                      "demand", stacklevel=2)
+        return False
+    model.keep_joint(_inputs(model, grid), joint)
+    return True
