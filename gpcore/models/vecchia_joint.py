@@ -223,9 +223,9 @@ class VecchiaJoint:
         aPhi_T, phi_p, _, F = lowrank
         if self.T.size and self.T.max() >= aPhi_T.shape[0]:
             raise ValueError(f"training neighbours beyond the model's {aPhi_T.shape[0]} training rows")
-        T = torch.as_tensor(self.T, device=aPhi_T.device)
-        Bt = torch.as_tensor(self.Bt, device=aPhi_T.device)
-        self.BPhi = torch.einsum("bk,bkp->bp", Bt, aPhi_T.double()[T]).cpu().numpy()
+        n, m = self.T.shape
+        S = sp.csr_matrix((self.Bt.ravel(), self.T.ravel(), np.arange(0, n * m + 1, m)), shape=(n, aPhi_T.shape[0]))
+        self.BPhi = np.asarray(S @ aPhi_T.double().cpu().numpy())  # B a Phi_T without an n x m x p gather
         self.Phi = phi_p(Xs).double().cpu().numpy()
         self.F = F.double().cpu().numpy()
         return self
