@@ -28,6 +28,9 @@ from gpcore.errors import RunError
 from gpcore.run import rundir
 
 FORMAT = 1
+#: grids above this many cells store no factor (about 65 µs and 300 bytes per cell for ``vecchia``, more for
+#: ``dbk-nn`` with its features: 13 s and 60 MB at the cap on a 2-core CPU); their decisions build it on demand
+MAX_CELLS = 200_000
 
 
 def _has_joint_factor(model) -> bool:
@@ -51,8 +54,8 @@ def _identity(run_dir: Path) -> dict:
 def write(run_dir, model, grid: pd.DataFrame) -> float | None:
     """Build the joint factor over ``grid`` (the frame written as the run's ``grid.parquet``, with ``cell_id``,
     ``lon``, ``lat``) and write it into ``run_dir`` after the grid and model files; the seconds it took, ``None``
-    for a model without a joint Vecchia posterior."""
-    if not _has_joint_factor(model) or grid is None or not len(grid):
+    for a model without a joint Vecchia posterior or a grid of more than :data:`MAX_CELLS` cells."""
+    if not _has_joint_factor(model) or grid is None or not 0 < len(grid) <= MAX_CELLS:
         return None
     run_dir = Path(run_dir)
     t0 = time.perf_counter()

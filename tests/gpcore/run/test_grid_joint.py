@@ -111,6 +111,17 @@ def test_a_damaged_factor_warns_and_is_built_on_demand(runs, tmp_path):
         assert not grid_joint.prime(tampered, rundir.load_model(tampered), rundir.read_grid(tampered))
 
 
+def test_grids_above_the_cap_store_none(runs, tmp_path, monkeypatch):
+    run_dir = _copy(runs["vecchia"], tmp_path, "capped")
+    (run_dir / rundir.JOINT).unlink()
+    grid = rundir.read_grid(run_dir)
+    monkeypatch.setattr(grid_joint, "MAX_CELLS", len(grid) - 1)
+    assert grid_joint.write(run_dir, rundir.load_model(run_dir), grid) is None
+    assert not (run_dir / rundir.JOINT).exists()
+    monkeypatch.setattr(grid_joint, "MAX_CELLS", len(grid))
+    assert grid_joint.write(run_dir, rundir.load_model(run_dir), grid) > 0 and (run_dir / rundir.JOINT).is_file()
+
+
 def test_spatial_runs_of_other_models_and_time_runs_store_none(runs, tmp_path):
     assert not (runs["svgp"] / rundir.JOINT).exists()
     assert json.loads((runs["svgp"] / "run.json").read_text())["timings"]["grid_joint_seconds"] is None
