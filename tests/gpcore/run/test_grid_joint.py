@@ -28,10 +28,11 @@ def runs(tmp_path_factory):
     csv = write_spacetime_csv(root / "st.csv")
     common = ["--data", str(csv), "--y", "download_mbps", "--transform", "log10", "--quarter", "2020Q4"]
     out = {}
-    for name, extra in (("vecchia", FAST), ("dbk-nn", FAST + DBK_FEATURES),
-                        ("svgp", ["--set", "epochs=2", "--set", "num_inducing=8", "--cell-km", "25"])):
-        assert main(["fit", *common, "--model", name, *extra, "--out", str(root / name)]) == 0
-        out[name] = root / name
+    for key, name, extra in (("vecchia", "vecchia", FAST), ("dbk-nn", "dbk-nn", FAST + DBK_FEATURES),
+                             ("vecchia-weighted", "vecchia", FAST + ["--weight", "tests"]),
+                             ("svgp", "svgp", ["--set", "epochs=2", "--set", "num_inducing=8", "--cell-km", "25"])):
+        assert main(["fit", *common, "--model", name, *extra, "--out", str(root / key)]) == 0
+        out[key] = root / key
     return out
 
 
@@ -56,7 +57,7 @@ def no_build(monkeypatch):
     monkeypatch.setattr(VJ, "build_joint", refuse)
 
 
-@pytest.mark.parametrize("name", ["vecchia", "dbk-nn"])
+@pytest.mark.parametrize("name", ["vecchia", "dbk-nn", "vecchia-weighted"])
 def test_the_stored_factor_is_used_and_equals_a_fresh_build(runs, name, tmp_path, monkeypatch):
     run_dir = runs[name]
     manifest = json.loads((run_dir / "run.json").read_text())
@@ -64,6 +65,7 @@ def test_the_stored_factor_is_used_and_equals_a_fresh_build(runs, name, tmp_path
     run = decisions.open_run(run_dir)
     if name == "dbk-nn":
         assert run.model.module_.features_on and run.model._joint_lowrank() is not None  # the low-rank part stored
+    assert run.model.weighted == (name == "vecchia-weighted")  # per-row noise in the training neighbours' groups
     with monkeypatch.context() as m:
         m.setattr(VJ, "build_joint", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
         stored = _decide(run)
