@@ -26,7 +26,7 @@ FORMAT_VERSION = 1
 
 def save_model(model, path) -> Path:
     """Save a fitted model to a directory: ``model.json`` (config, scalers) + ``model.safetensors`` (tensors)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     model._check_fitted()
     path = Path(path)
@@ -50,7 +50,9 @@ def save_model(model, path) -> Path:
         "history": jsonable(model.history_),
     }
     tensors = {k: _compact(v.detach().cpu().contiguous().clone()) for k, v in model.module_.state_dict().items()}
-    save_file(tensors, str(path / "model.safetensors"))
+    # bytes written by Python, not save_file: save_file makes the file 0600, so a run store that another user
+    # reads (the dashboard serving runs the CLI wrote) could not load it; this follows the umask like model.json
+    (path / "model.safetensors").write_bytes(save(tensors))
     (path / "model.json").write_text(json.dumps(meta, indent=2))
     return path
 

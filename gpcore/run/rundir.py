@@ -414,9 +414,10 @@ def file_digest(*paths: Path) -> str:
 
 def write_joint(run_dir, tensors: dict, identity: dict) -> None:
     """Write the grid factor's tensors with ``identity`` (JSON: what it was built from) as safetensors metadata."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    save_file(tensors, str(Path(run_dir) / JOINT), metadata={"identity": json.dumps(identity, sort_keys=True)})
+    # like model.safetensors (gpcore.models.io): written by Python so that it follows the umask (save_file: 0600)
+    (Path(run_dir) / JOINT).write_bytes(save(tensors, metadata={"identity": json.dumps(identity, sort_keys=True)}))
 
 
 def read_joint(run_dir) -> tuple[dict, dict] | None:

@@ -62,6 +62,8 @@ def test_the_stored_factor_is_used_and_equals_a_fresh_build(runs, name, tmp_path
     run_dir = runs[name]
     manifest = json.loads((run_dir / "run.json").read_text())
     assert (run_dir / rundir.JOINT).is_file() and manifest["timings"]["grid_joint_seconds"] > 0
+    mode = (run_dir / rundir.GRID).stat().st_mode & 0o777  # readable like the grid (not safetensors' 0600)
+    assert (run_dir / rundir.JOINT).stat().st_mode & 0o777 == mode
     run = decisions.open_run(run_dir)
     if name == "dbk-nn":
         assert run.model.module_.features_on and run.model._joint_lowrank() is not None  # the low-rank part stored
