@@ -32,7 +32,7 @@ residuals (the joint form of the marginal variance in docs/methods/dbknn.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -213,9 +213,10 @@ class VecchiaJoint:
         return joint
 
     def with_lowrank(self, lowrank, Xs: torch.Tensor) -> VecchiaJoint:
-        """A stored factor's low-rank part completed from its model: ``lowrank`` is ``(a Phi_T, x -> a phi(x), w_hat,
-        F)`` of ``model._joint_lowrank()``, ``Xs`` the places (caller order). ``ValueError`` when the stored part and
-        the model's disagree (one has a low-rank part and the other not, or neighbours beyond the training rows)."""
+        """A copy of a stored factor with its low-rank part completed from its model: ``lowrank`` is ``(a Phi_T,
+        x -> a phi(x), w_hat, F)`` of ``model._joint_lowrank()``, ``Xs`` the places (caller order). ``ValueError``
+        when the stored part and the model's disagree (one has a low-rank part and the other not, or neighbours
+        beyond the training rows)."""
         if (lowrank is None) != (self.T is None):
             raise ValueError("the stored factor and the model disagree on the low-rank part (features on or off)")
         if lowrank is None:
@@ -225,10 +226,8 @@ class VecchiaJoint:
             raise ValueError(f"training neighbours beyond the model's {aPhi_T.shape[0]} training rows")
         n, m = self.T.shape
         S = sp.csr_matrix((self.Bt.ravel(), self.T.ravel(), np.arange(0, n * m + 1, m)), shape=(n, aPhi_T.shape[0]))
-        self.BPhi = np.asarray(S @ aPhi_T.double().cpu().numpy())  # B a Phi_T without an n x m x p gather
-        self.Phi = phi_p(Xs).double().cpu().numpy()
-        self.F = F.double().cpu().numpy()
-        return self
+        return replace(self, BPhi=np.asarray(S @ aPhi_T.double().cpu().numpy()),  # B a Phi_T, no n x m x p gather
+                       Phi=phi_p(Xs).double().cpu().numpy(), F=F.double().cpu().numpy())
 
 
 @torch.no_grad()

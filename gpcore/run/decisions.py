@@ -23,6 +23,7 @@ import pandas as pd
 from gpcore import decide
 from gpcore.errors import GPCoreError
 from gpcore.run import grid_joint, rundir
+from gpcore.run.predict import place_inputs  # noqa: F401 - the places' model inputs, shared with grid_joint
 
 
 @dataclass
@@ -51,17 +52,6 @@ def has_time_input(manifest_or_config: dict) -> bool:
     """Whether a run (its manifest or config) was fitted with time as an input (``lon, lat, t``)."""
     cfg = manifest_or_config.get("config", manifest_or_config)
     return bool(cfg.get("time_input"))
-
-
-def place_inputs(places, t: float | None = None, d: int | None = None) -> np.ndarray:
-    """The model inputs of ``places`` (rows with ``lon``, ``lat``): ``(lon, lat)``, or with ``t`` (decimal years)
-    ``(lon, lat, t)`` for a run with time as an input. ``d``: the model's input count, to name a missing ``t``."""
-    X = places[["lon", "lat"]].to_numpy(float)
-    if t is None:
-        if d is not None and d == X.shape[1] + 1:
-            raise GPCoreError("this run takes time as an input (lon, lat, t): say at which quarter (--at 2023Q4)")
-        return X
-    return np.column_stack([X, np.full(len(X), float(t))])
 
 
 def open_run(run_dir, device: str | None = None, at: str | None = None) -> StoredRun:

@@ -39,11 +39,12 @@ def _has_joint_factor(model) -> bool:
 
 def _inputs(model, grid) -> torch.Tensor:
     """The model's scaled inputs of the grid's cells, computed as a decision over the same frame computes them
-    (``decisions.place_inputs`` of a spatial run, then :mod:`gpcore.posterior`'s scaling), so the model's cache key
+    (:func:`~gpcore.run.predict.place_inputs`, then :mod:`gpcore.posterior`'s scaling), so the model's cache key
     matches (the tests check that no decision rebuilds the factor)."""
     from gpcore.models import as_2d_float
+    from gpcore.run.predict import place_inputs
 
-    return model.scale_x(as_2d_float(grid[["lon", "lat"]].to_numpy(float), "X", d=model.d_))
+    return model.scale_x(as_2d_float(place_inputs(grid), "X", d=model.d_))
 
 
 def _identity(run_dir: Path) -> dict:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from gpcore import metrics as M
-from gpcore.errors import ConfigError, DataError
+from gpcore.errors import ConfigError, DataError, GPCoreError
 
 DEFAULT_BATCH = 65536
 
@@ -111,6 +111,17 @@ def run_time_at(cfg, at: str | None, what: str = "--at") -> float | None:
 
 def _time_input(cfg) -> bool:
     return bool(cfg.get("time_input") if isinstance(cfg, dict) else getattr(cfg, "time_input", False))
+
+
+def place_inputs(places, t: float | None = None, d: int | None = None) -> np.ndarray:
+    """The model inputs of ``places`` (rows with ``lon``, ``lat``): ``(lon, lat)``, or with ``t`` (decimal years)
+    ``(lon, lat, t)`` for a run with time as an input. ``d``: the model's input count, to name a missing ``t``."""
+    X = places[["lon", "lat"]].to_numpy(float)
+    if t is None:
+        if d is not None and d == X.shape[1] + 1:
+            raise GPCoreError("this run takes time as an input (lon, lat, t): say at which quarter (--at 2023Q4)")
+        return X
+    return np.column_stack([X, np.full(len(X), float(t))])
 
 
 def run_inputs(cfg, gdf, at: float | None = None) -> np.ndarray:
@@ -344,7 +355,7 @@ def predict_run_stream(run_dir, out, *, grid: str | None = None, grid_region: st
         transform = manifest["config"].get("transform", "identity")
         t_at = run_time_at(manifest["config"], at)
         if _time_input(manifest["config"]) and t_at is None:
-            raise ConfigError("this run takes time as an input: give the quarter to predict at, e.g. --at 2024Q1")
+            raise GPCoreError("this run takes time as an input: give the quarter to predict at, e.g. --at 2024Q1")
         if grid is not None:
             source = ParquetGrid(grid, x_cols, id_col)
         else:
