@@ -33,10 +33,17 @@ test row scored with its own count: latent variance + Error_var / tests); ``--gp
 ``weighted`` fits one of them.
 ``--recalibrate group`` (or ``global``) adds, per gpcore model, a row after gpcore's split-conformal variance
 recalibration on the validation rows (what a dashboard run does by default); GPBoost is never recalibrated.
+``--boxcox LAMBDA`` adds, per gpcore model and per GPBoost fit, a row fitted on the Box-Cox scale
+``z = (Mbps^LAMBDA - 1) / LAMBDA`` of the original target instead of its log10, scored on the log10 scale like the
+others (NLL with the Jacobian, CRPS by quadrature: :func:`gpcore.metrics.warped_scores`; coverage is the same on
+either scale). ``--boxcox auto`` picks LAMBDA per data set from 0 (log10 itself), 0.1, ..., 0.5 by the validation
+rows alone: ``vecchia`` with its defaults fitted on the training rows on each scale, its validation NLL on the
+log10 scale before those rows join the posterior; the test rows play no part.
 
     python benchmarks/bench_race.py                                   # all four data sets, the issue's models
     python benchmarks/bench_race.py --data pr,mo --models vecchia,dbk-rbf --subsample 5000 --out race.md
     python benchmarks/bench_race.py --split block --recalibrate group --set vecchia.epochs=50
+    python benchmarks/bench_race.py --data pr,mo --models vecchia --boxcox auto  # also on a Box-Cox scale
     python benchmarks/bench_race.py --smoke                           # tiny synthetic data, seconds (CI)
 """
 
@@ -136,6 +143,49 @@ def score(data: str, model: str, weights: str, mean, var_y, y, strata, fit_s: fl
             "strata_coverage": "; ".join(per) or "-", "all_within_2se": all_ok, "fit_s": fit_s}
 
 
+def boxcox_maps(lam: float):
+    """``(to_model, from_model, log_slope)`` of the Box-Cox scale ``z = (y^lam - 1) / lam`` of the original target
+    ``y = 10^u``, as maps of the log10 value ``u`` (the scale every row is scored on)."""
+    if lam <= 0:
+        raise SystemExit(f"--boxcox {lam}: give a lambda > 0 (0 is the log scale the race already fits)")
+    ln10 = np.log(10.0)
+    return ((lambda u: (10 ** (lam * u) - 1) / lam),
+            (lambda z: np.log10(np.maximum(lam * z + 1, 1e-300)) / lam),
+            (lambda u: lam * u * ln10 + np.log(ln10)))
+
+
+def score_boxcox(lam: float, data: str, model: str, weights: str, mean, var_y, u, strata, fit_s, n_train) -> dict:
+    """:func:`score` of a Gaussian predictive on the Box-Cox scale against log10 values ``u``: coverage (overall,
+    per stratum) on the Box-Cox scale, where it is the same; NLL and CRPS on the log10 scale."""
+    to_model, from_model, log_slope = boxcox_maps(lam)
+    row = score(data, f"{model} boxcox {lam:g}", weights, mean, var_y, to_model(u), strata, fit_s, n_train)
+    w = M.warped_scores(mean, var_y, u, to_model, from_model, log_slope)
+    return {**row, "nll": w["nll"], "crps": w["crps"]}
+
+
+BOXCOX_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+
+
+def pick_boxcox(key: str, X, u, w, tr, va, seed: int, settings: dict) -> float:
+    """``--boxcox auto``: the lambda of :data:`BOXCOX_GRID` whose ``vecchia`` fit (on the training rows, stopping on
+    the validation rows, which do *not* join its posterior) has the lowest validation NLL on the log10 scale."""
+    wkw = {} if w is None else {"weights": w[tr], "val_weights": w[va], "test_weights": w[va]}
+    scores = {}
+    for lam in BOXCOX_GRID:
+        if lam == 0:
+            to_model, from_model, log_slope = (lambda v: v), (lambda v: v), (lambda v: np.zeros_like(v))
+        else:
+            to_model, from_model, log_slope = boxcox_maps(lam)
+        z = to_model(u)
+        r = fit_predict("vecchia", {**settings, "condition_on_validation": False}, X[tr], z[tr], X[va], z[va], X[va],
+                        seed=seed, **wkw)
+        scores[lam] = M.warped_scores(r["mean"], r["var_y"], u[va], to_model, from_model, log_slope)["nll"]
+    best = min(scores, key=scores.get)
+    stderr(f"  --boxcox auto on {key}: validation NLL (log10 scale) "
+           + ", ".join(f"{lam:g}: {v:.4f}" for lam, v in scores.items()) + f"; lambda {best:g}")
+    return best
+
+
 def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = False) -> list[dict]:
     prep = prepare(cfg)
     tr, va, te = prep.train_idx, prep.val_idx, prep.test_idx
@@ -143,6 +193,15 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         tr = np.sort(np.random.default_rng(cfg.seed).choice(tr, args.subsample, replace=False))
     X, y, w, g = prep.X, prep.y, prep.weights, prep.strata
     g_te = g[te] if g is not None else None
+    if args.boxcox and cfg.transform != "log10":
+        raise SystemExit(f"--boxcox: data set {key} is fitted on the {cfg.transform} scale, not log10")
+    lam = args.boxcox
+    if lam == "auto":
+        lam = pick_boxcox(key, X, y, w, tr, va, cfg.seed, smoke_settings("vecchia") if smoke else {})
+        if smoke and lam == 0:
+            lam = 0.2  # the smoke data are Gaussian on the log scale: its rows still run, at 0.2
+    lam = float(lam or 0)
+    z = boxcox_maps(lam)[0](y) if lam else None
     stderr(f"{key}: {prep.source_label}, train/val/test {len(tr)}/{len(va)}/{len(te)} ({cfg.split} split, "
            f"seed {cfg.seed}), weights {cfg.weight or 'none'}, strata {cfg.strata or 'none'}")
     rows = []
@@ -154,6 +213,12 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
                f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]))
+        if z is not None:
+            b = fit_predict(name, settings, X[tr], z[tr], X[va], z[va], X[te], seed=cfg.seed, **wkw)
+            rows.append(score_boxcox(lam, key, name, wlabel, b["mean"], b["var_y"], y[te], g_te,
+                                     b["fit_seconds"], len(tr)))
+            stderr(f"  {name} on the Box-Cox scale: fit {b['fit_seconds']:.1f} s, test NLL (log10 scale) "
+                   f"{rows[-1]['nll']:.4f}" + feature_check_text(b["model"]))
         if args.recalibrate != "none":
             model = r["model"]
             kind = args.recalibrate if g is not None else "global"
@@ -180,9 +245,16 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
             rows.append(score(key, GPBOOST, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(lab)))
             stderr(f"  {GPBOOST} (weights {wlabel}): fit {r['fit_seconds']:.1f} s, test NLL {rows[-1]['nll']:.4f}, "
                    f"parameters {r['cov_pars']}")
+            if z is not None:
+                b = gpboost_vecchia(X[lab], z[lab], X[te], weights=None if ww is None else ww[lab],
+                                    weights_pred=None if ww is None else ww[te])
+                rows.append(score_boxcox(lam, key, GPBOOST, wlabel, b["mean"], b["var_y"], y[te], g_te,
+                                         b["fit_seconds"], len(lab)))
+                stderr(f"  {GPBOOST} on the Box-Cox scale (weights {wlabel}): test NLL (log10 scale) "
+                       f"{rows[-1]['nll']:.4f}")
     else:
         stderr("  GPBoost not installed (pip install gpboost): no peer row")
-    ref = [r["nll"] for r in rows if r["model"] == GPBOOST and r["weights"] == "-"]
+    ref = [r["nll"] for r in rows if r["model"] == GPBOOST and r["weights"] == "-"]  # GPBoost on the log10 scale
     ref_w = [r["nll"] for r in rows if r["model"] == GPBOOST and r["weights"] != "-"]
     for r in rows:
         r["dnll"] = r["nll"] - ref[0] if ref else float("nan")
@@ -214,14 +286,23 @@ def main(argv=None) -> int:
     ap.add_argument("--gpboost", choices=("both", "unweighted", "weighted", "none"), default="both",
                     help="GPBoost fits on a weighted data set: unweighted, with its weights argument, both, or none "
                          "(variants of gpcore models; GPBoost's numbers do not change between runs)")
+    ap.add_argument("--boxcox", default="", metavar="LAMBDA",
+                    help="also fit every model on the Box-Cox scale (y^LAMBDA - 1) / LAMBDA of the original target, "
+                         "scored on the log10 scale (NLL with the Jacobian); 'auto': LAMBDA by the validation rows")
     add_race_args(ap)
     args = ap.parse_args(argv)
     models, sets = start(args.models, args.set)
+    if args.boxcox not in ("", "auto"):
+        try:
+            args.boxcox = float(args.boxcox)
+        except ValueError:
+            raise SystemExit(f"--boxcox {args.boxcox!r}: give a number > 0 or 'auto'") from None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
             args.subsample = args.subsample or 600
             args.recalibrate = "group" if args.recalibrate == "none" else args.recalibrate
+            args.boxcox = args.boxcox or "auto"
         for key, cfg in race_configs(args.data, args.smoke, Path(tmp)):
             cfg = dataclasses.replace(cfg, split=args.split, block_km=args.block_km, seed=args.seed)
             rows += race_dataset(key, cfg, models, sets, args, smoke=args.smoke)
@@ -230,12 +311,16 @@ def main(argv=None) -> int:
         return 0
     df = pd.DataFrame(rows)
     md = markdown(df)
+    boxcox_note = ("; rows 'boxcox LAMBDA': fitted on (y^LAMBDA - 1) / LAMBDA of the original target"
+                   f"{' (LAMBDA by the validation rows)' if args.boxcox == 'auto' else ''}, NLL and CRPS on the log10 "
+                   "scale" if args.boxcox else "")
     header = (f"split {args.split}{f' ({args.block_km:g} km blocks)' if args.split == 'block' else ''}, seed "
               f"{args.seed}{f', training rows subsampled to {args.subsample}' if args.subsample else ''}; "
               f"same labelled rows for every tool: GPBoost fits training + validation rows ('n train' counts "
               f"both), gpcore models train on the training rows and stop on the validation rows (vecchia and dbk-nn "
               f"then condition on both); same test rows; coverage ± two binomial SEs (✗ outside); GPBoost with "
-              f"weights: its error variance divided by the row's count; torch {torch.get_num_threads()} thread(s)")
+              f"weights: its error variance divided by the row's count{boxcox_note}; torch {torch.get_num_threads()} "
+              f"thread(s)")
     report(header, md, df, args.out)
     return 0 if np.isfinite(df["nll"]).all() else 1
 

@@ -58,6 +58,29 @@ def crps(mean, var_y, y) -> float:
     return float(np.mean(sd * (z * (2 * ndtr(z) - 1) + 2 * pdf - 1 / math.sqrt(math.pi))))
 
 
+def warped_scores(mean, var, y, to_model, from_model, log_slope, level: float = 0.95, quantiles: int = 2000) -> dict:
+    """NLL, CRPS and coverage in the units of ``y`` of a Gaussian predictive ``N(mean, var)`` that lives in a
+    *model space* ``v = to_model(y)`` (docs/metrics.md §7.2, "Scores through a transform").
+
+    ``to_model`` / ``from_model`` are an increasing map and its inverse (arrays elementwise), ``log_slope(y)`` is
+    ``log d to_model / dy``. The NLL adds that Jacobian, ``-log N(to_model(y); mean, var) - log_slope(y)``; the
+    CRPS integrates the quantile (pinball) loss over ``quantiles`` midpoint levels of the predictive quantiles
+    ``from_model(mean + sd Phi^-1(a))``; the central ``level`` interval maps through ``from_model`` unchanged, so
+    its coverage is the model space's. With the identity map all three equal :func:`nll`, :func:`crps` and
+    :func:`coverage` (the CRPS to the quadrature's error, about 1e-5 of the sd at 2000 levels)."""
+    mean, var, y = _arrays(mean, var, y)
+    v = np.asarray(to_model(y), dtype=np.float64)
+    sd = np.sqrt(var)
+    out_nll = float(np.mean(0.5 * np.log(2 * np.pi * var) + (v - mean) ** 2 / (2 * var) - log_slope(y)))
+    a = (np.arange(quantiles) + 0.5) / quantiles
+    total = 0.0
+    for lo in range(0, y.shape[0], 4096):  # 4096 x quantiles at a time
+        sl = slice(lo, lo + 4096)
+        q = np.asarray(from_model(mean[sl, None] + sd[sl, None] * ndtri(a)[None, :]), dtype=np.float64)
+        total += float(np.sum(2 * np.mean(((y[sl, None] < q) - a[None, :]) * (q - y[sl, None]), axis=1)))
+    return {"nll": out_nll, "crps": total / y.shape[0], "coverage": coverage(mean, var, v, level)}
+
+
 def z_value(level: float) -> float:
     """Half-width multiplier of the central Gaussian interval at ``level`` (1.959964 at 0.95)."""
     if not 0 < level < 1:

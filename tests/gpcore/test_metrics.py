@@ -194,3 +194,47 @@ def test_reliability_input_errors():
         M.reliability([0.2, 0.3], [0, 1], groups=["a"])
     with pytest.raises(ValueError, match="bins"):
         M.reliability([0.2], [0], bins=0)
+
+
+def test_warped_scores_identity_map_equals_the_gaussian_scores():
+    rng = np.random.default_rng(3)
+    mean, var = rng.normal(size=500), rng.uniform(0.2, 2.0, 500)
+    y = mean + np.sqrt(var) * rng.standard_t(4, 500)
+    s = M.warped_scores(mean, var, y, lambda u: u, lambda v: v, lambda u: np.zeros_like(u))
+    assert s["nll"] == pytest.approx(M.nll(mean, var, y), rel=1e-12)
+    assert s["coverage"] == M.coverage(mean, var, y)
+    assert s["crps"] == pytest.approx(M.crps(mean, var, y), rel=1e-4)
+
+
+def test_warped_scores_of_a_box_cox_gaussian_equal_the_density_and_crps_by_integration():
+    """A Gaussian on the Box-Cox scale z = (10^(lam u) - 1) / lam of log10 data u: the NLL on the u scale is the
+    change-of-variables density, and the CRPS equals integral (F(x) - 1{x >= u})^2 dx over u's own scale."""
+    lam, ln10 = 0.3, np.log(10.0)
+
+    def to_model(u):
+        return (10 ** (lam * u) - 1) / lam
+
+    def from_model(z):
+        return np.log10(np.maximum(lam * z + 1, 1e-300)) / lam
+
+    def log_slope(u):
+        return lam * u * ln10 + np.log(ln10)
+
+    mean, var, u = np.array([3.0, 5.0]), np.array([0.8, 2.5]), np.array([1.2, 0.4])
+    s = M.warped_scores(mean, var, u, to_model, from_model, log_slope, quantiles=4000)
+    dens = [stats.norm.pdf(to_model(ui), m, np.sqrt(v)) * 10 ** (lam * ui) * ln10
+            for m, v, ui in zip(mean, var, u, strict=True)]
+    assert s["nll"] == pytest.approx(-np.mean(np.log(dens)), rel=1e-12)
+
+    def crps_by_integration(m, v, ui):
+        def cdf(x):
+            return stats.norm.cdf(to_model(x), m, np.sqrt(v))
+
+        lo = -1 / lam / 2  # below it F is ~0 for these means
+        return (integrate.quad(lambda x: cdf(x) ** 2, lo, ui, limit=200)[0]
+                + integrate.quad(lambda x: (1 - cdf(x)) ** 2, ui, 6.0, limit=200)[0])
+
+    ref = [crps_by_integration(m, v, ui) for m, v, ui in zip(mean, var, u, strict=True)]
+    assert s["crps"] == pytest.approx(np.mean(ref), rel=2e-4)
+    lower, upper = from_model(mean - M.Z95 * np.sqrt(var)), from_model(mean + M.Z95 * np.sqrt(var))
+    assert s["coverage"] == np.mean((u >= lower) & (u <= upper))
