@@ -33,12 +33,13 @@ test row scored with its own count: latent variance + Error_var / tests); ``--gp
 ``weighted`` fits one of them.
 ``--recalibrate group`` (or ``global``) adds, per gpcore model, a row after gpcore's split-conformal variance
 recalibration on the validation rows (what a dashboard run does by default); GPBoost is never recalibrated.
-``--boxcox LAMBDA`` adds, per gpcore model and per GPBoost fit, a row fitted on the Box-Cox scale
-``z = (Mbps^LAMBDA - 1) / LAMBDA`` of the original target instead of its log10, scored on the log10 scale like the
-others (NLL with the Jacobian, CRPS by quadrature: :func:`gpcore.metrics.warped_scores`; coverage is the same on
-either scale). ``--boxcox auto`` picks LAMBDA per data set from 0 (log10 itself), 0.1, ..., 0.5 by the validation
-rows alone: ``vecchia`` with its defaults fitted on the training rows on each scale, its validation NLL on the
-log10 scale before those rows join the posterior; the test rows play no part.
+``--boxcox LAMBDA`` adds, per gpcore model and per GPBoost fit, a row fitted on the Box-Cox scale ``z = (Mbps^LAMBDA
+- 1) / LAMBDA`` of the original target instead of its log10, scored on the log10 scale like the others (NLL with the
+Jacobian, CRPS by quadrature: :func:`gpcore.metrics.warped_scores`, with the predictive mass below y = 0 put at the
+lowest training value; coverage is the same on either scale). ``--boxcox auto`` picks LAMBDA per data set from 0
+(log10 itself), 0.1, ..., 0.5 by the validation rows alone: ``vecchia`` with its defaults fitted on the training
+rows on each scale, its validation NLL on the log10 scale before those rows join the posterior; the test rows play
+no part.
 
     python benchmarks/bench_race.py                                   # all four data sets, the issue's models
     python benchmarks/bench_race.py --data pr,mo --models vecchia,dbk-rbf --subsample 5000 --out race.md
@@ -69,6 +70,7 @@ from _harness import (
     stderr,
 )
 from _peers import gpboost_available, gpboost_vecchia
+from scipy.special import ndtr
 
 from gpcore import metrics as M
 from gpcore.run.config import RunConfig
@@ -143,24 +145,31 @@ def score(data: str, model: str, weights: str, mean, var_y, y, strata, fit_s: fl
             "strata_coverage": "; ".join(per) or "-", "all_within_2se": all_ok, "fit_s": fit_s}
 
 
-def boxcox_maps(lam: float):
+def boxcox_maps(lam: float, floor: float = -np.inf):
     """``(to_model, from_model, log_slope)`` of the Box-Cox scale ``z = (y^lam - 1) / lam`` of the original target
-    ``y = 10^u``, as maps of the log10 value ``u`` (the scale every row is scored on)."""
+    ``y = 10^u``, as maps of the log10 value ``u`` (the scale every row is scored on).
+
+    A Gaussian on the Box-Cox scale puts some mass below ``-1 / lam``, where ``y <= 0`` (no log10 value); ``from_model``
+    sends it, and any quantile below ``floor``, to ``floor`` (the race: the lowest training value), without which
+    the CRPS on the log10 scale would be infinite. The NLL (a density at the observed values) does not depend on it."""
     if lam <= 0:
         raise SystemExit(f"--boxcox {lam}: give a lambda > 0 (0 is the log scale the race already fits)")
     ln10 = np.log(10.0)
     return ((lambda u: (10 ** (lam * u) - 1) / lam),
-            (lambda z: np.log10(np.maximum(lam * z + 1, 1e-300)) / lam),
+            (lambda z: np.maximum(np.log10(np.maximum(lam * z + 1, 1e-300)) / lam, floor)),
             (lambda u: lam * u * ln10 + np.log(ln10)))
 
 
-def score_boxcox(lam: float, data: str, model: str, weights: str, mean, var_y, u, strata, fit_s, n_train) -> dict:
+def score_boxcox(lam: float, floor: float, data: str, model: str, weights: str, mean, var_y, u, strata, fit_s,
+                 n_train) -> dict:
     """:func:`score` of a Gaussian predictive on the Box-Cox scale against log10 values ``u``: coverage (overall,
-    per stratum) on the Box-Cox scale, where it is the same; NLL and CRPS on the log10 scale."""
-    to_model, from_model, log_slope = boxcox_maps(lam)
+    per stratum) on the Box-Cox scale, where it is the same; NLL and CRPS on the log10 scale (``floor``: see
+    :func:`boxcox_maps`); ``below``: the mean predictive mass where ``y <= 0``."""
+    to_model, from_model, log_slope = boxcox_maps(lam, floor)
     row = score(data, f"{model} boxcox {lam:g}", weights, mean, var_y, to_model(u), strata, fit_s, n_train)
     w = M.warped_scores(mean, var_y, u, to_model, from_model, log_slope)
-    return {**row, "nll": w["nll"], "crps": w["crps"]}
+    below = float(np.mean(ndtr((-1 / lam - np.asarray(mean)) / np.sqrt(var_y))))
+    return {**row, "nll": w["nll"], "crps": w["crps"], "below": below}
 
 
 BOXCOX_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
@@ -202,6 +211,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
             lam = 0.2  # the smoke data are Gaussian on the log scale: its rows still run, at 0.2
     lam = float(lam or 0)
     z = boxcox_maps(lam)[0](y) if lam else None
+    floor = float(y[tr].min())  # where a Box-Cox predictive's mass below y = 0 goes (boxcox_maps)
     stderr(f"{key}: {prep.source_label}, train/val/test {len(tr)}/{len(va)}/{len(te)} ({cfg.split} split, "
            f"seed {cfg.seed}), weights {cfg.weight or 'none'}, strata {cfg.strata or 'none'}")
     rows = []
@@ -215,10 +225,11 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
                f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]))
         if z is not None:
             b = fit_predict(name, settings, X[tr], z[tr], X[va], z[va], X[te], seed=cfg.seed, **wkw)
-            rows.append(score_boxcox(lam, key, name, wlabel, b["mean"], b["var_y"], y[te], g_te,
+            rows.append(score_boxcox(lam, floor, key, name, wlabel, b["mean"], b["var_y"], y[te], g_te,
                                      b["fit_seconds"], len(tr)))
             stderr(f"  {name} on the Box-Cox scale: fit {b['fit_seconds']:.1f} s, test NLL (log10 scale) "
-                   f"{rows[-1]['nll']:.4f}" + feature_check_text(b["model"]))
+                   f"{rows[-1]['nll']:.4f}, predictive mass at y <= 0 {rows[-1]['below']:.2e}"
+                   + feature_check_text(b["model"]))
         if args.recalibrate != "none":
             model = r["model"]
             kind = args.recalibrate if g is not None else "global"
@@ -248,7 +259,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
             if z is not None:
                 b = gpboost_vecchia(X[lab], z[lab], X[te], weights=None if ww is None else ww[lab],
                                     weights_pred=None if ww is None else ww[te])
-                rows.append(score_boxcox(lam, key, GPBOOST, wlabel, b["mean"], b["var_y"], y[te], g_te,
+                rows.append(score_boxcox(lam, floor, key, GPBOOST, wlabel, b["mean"], b["var_y"], y[te], g_te,
                                          b["fit_seconds"], len(lab)))
                 stderr(f"  {GPBOOST} on the Box-Cox scale (weights {wlabel}): test NLL (log10 scale) "
                        f"{rows[-1]['nll']:.4f}")
@@ -313,7 +324,7 @@ def main(argv=None) -> int:
     md = markdown(df)
     boxcox_note = ("; rows 'boxcox LAMBDA': fitted on (y^LAMBDA - 1) / LAMBDA of the original target"
                    f"{' (LAMBDA by the validation rows)' if args.boxcox == 'auto' else ''}, NLL and CRPS on the log10 "
-                   "scale" if args.boxcox else "")
+                   "scale (its mass below y = 0 at the lowest training value)" if args.boxcox else "")
     header = (f"split {args.split}{f' ({args.block_km:g} km blocks)' if args.split == 'block' else ''}, seed "
               f"{args.seed}{f', training rows subsampled to {args.subsample}' if args.subsample else ''}; "
               f"same labelled rows for every tool: GPBoost fits training + validation rows ('n train' counts "
