@@ -181,14 +181,11 @@ def pick_boxcox(key: str, X, u, w, tr, va, seed: int, settings: dict) -> float:
     wkw = {} if w is None else {"weights": w[tr], "val_weights": w[va], "test_weights": w[va]}
     scores = {}
     for lam in BOXCOX_GRID:
-        if lam == 0:
-            to_model, from_model, log_slope = (lambda v: v), (lambda v: v), (lambda v: np.zeros_like(v))
-        else:
-            to_model, from_model, log_slope = boxcox_maps(lam)
+        to_model, _, log_slope = boxcox_maps(lam) if lam else ((lambda v: v), None, (lambda v: np.zeros_like(v)))
         z = to_model(u)
         r = fit_predict("vecchia", {**settings, "condition_on_validation": False}, X[tr], z[tr], X[va], z[va], X[va],
                         seed=seed, **wkw)
-        scores[lam] = M.warped_scores(r["mean"], r["var_y"], u[va], to_model, from_model, log_slope)["nll"]
+        scores[lam] = M.nll(r["mean"], r["var_y"], z[va]) - float(np.mean(log_slope(u[va])))  # NLL, no CRPS needed
     best = min(scores, key=scores.get)
     stderr(f"  --boxcox auto on {key}: validation NLL (log10 scale) "
            + ", ".join(f"{lam:g}: {v:.4f}" for lam, v in scores.items()) + f"; lambda {best:g}")

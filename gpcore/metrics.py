@@ -71,7 +71,7 @@ def warped_scores(mean, var, y, to_model, from_model, log_slope, level: float = 
     mean, var, y = _arrays(mean, var, y)
     v = np.asarray(to_model(y), dtype=np.float64)
     sd = np.sqrt(var)
-    out_nll = float(np.mean(0.5 * np.log(2 * np.pi * var) + (v - mean) ** 2 / (2 * var) - log_slope(y)))
+    out_nll = nll(mean, var, v) - float(np.mean(log_slope(y)))  # the Gaussian NLL in v, less the Jacobian
     a = (np.arange(quantiles) + 0.5) / quantiles
     total = 0.0
     for lo in range(0, y.shape[0], 4096):  # 4096 x quantiles at a time
