@@ -120,11 +120,11 @@ def shape_row(key: str, seed: int, name: str, settings: dict, cfg, nu: float = 4
     def wt(idx):
         return None if w is None else w[idx]
 
-    def fitted(w_tr):
+    def fitted(w_tr, w_va):
         m = make_model(name, seed=seed, **{**settings, "condition_on_validation": False})
-        return m.fit(X[tr], y[tr], X[va], y[va], weights=w_tr, val_weights=wt(va))
+        return m.fit(X[tr], y[tr], X[va], y[va], weights=w_tr, val_weights=w_va)
 
-    model = fitted(wt(tr))
+    model = fitted(wt(tr), wt(va))
     p_va = model.predict(X[va], weights=wt(va))
     c = latent_scale(p_va, y[va])
     theta = fit_mixture(p_va, y[va])  # the noise's shape from the validation rows, before they join
@@ -150,12 +150,12 @@ def shape_row(key: str, seed: int, name: str, settings: dict, cfg, nu: float = 4
     row["mixture NLL"] = -np.mean(mixture_logpdf(theta, p, y[te]))
     row["mixture cov95"], row["mixture below / above"] = interval_cells(mixture_cdf(theta, p, y[te]))
     # Student-t noise: one EM step from the Gaussian fit (each training row's weight times its E-step scale)
-    w_tr = np.ones(len(tr)) if w is None else w[tr]
+    # (an unweighted data set's refit is a weighted fit, with its nugget: weights lambda times ones)
+    w1 = np.ones(len(y)) if w is None else w
     lam_tr = t_scales(model.predict(X[tr], weights=wt(tr)), y[tr], nu)
-    robust = fitted(w_tr * lam_tr)
-    w_va = np.ones(len(va)) if w is None else w[va]
-    robust.condition_on(X[va], y[va], weights=w_va * t_scales(robust.predict(X[va], weights=wt(va)), y[va], nu))
-    p_t = robust.predict(X[te], weights=wt(te))
+    robust = fitted(w1[tr] * lam_tr, w1[va])
+    robust.condition_on(X[va], y[va], weights=w1[va] * t_scales(robust.predict(X[va], weights=w1[va]), y[va], nu))
+    p_t = robust.predict(X[te], weights=w1[te])
     logpdf, F = t_noise_scores(p_t, y[te], nu)
     row[f"t{nu:g} NLL"] = -np.mean(logpdf)
     row[f"t{nu:g} cov95"], row[f"t{nu:g} below / above"] = interval_cells(F)
