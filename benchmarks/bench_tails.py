@@ -25,7 +25,7 @@ Other shapes of the noise, each scored by test NLL and the central 95 % interval
   validation rows join with their own ``lambda``), scored (a) with t noise of scale ``v`` and (b) as a Gaussian with
   the refitted noise ("robust fit").
 
-Method and findings: docs/benchmarks/race.md ("Why blocks are over-covered").
+Method and findings: docs/benchmarks/race.md ("Why held-out blocks are over-covered", "Other shapes of the noise").
 
     python benchmarks/bench_tails.py --data pr,mo --seeds 0,1,2
     python benchmarks/bench_tails.py --smoke          # the bundled synthetic sample, tiny model (CI)
