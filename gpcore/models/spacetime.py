@@ -35,7 +35,7 @@ from torch import nn
 
 from gpcore.errors import InputError
 from gpcore.models.config import BaseConfig, setting
-from gpcore.models.kernels import scaled_sqdist, stationary, stationary_sqdist
+from gpcore.models.kernels import group_rho, scaled_sqdist, stationary, stationary_sqdist
 from gpcore.models.linalg import inv_softplus
 from gpcore.models.neighbors import coord_order, maxmin_order, ordered_neighbors
 
@@ -189,7 +189,10 @@ def _module_sqdist(mod: nn.Module, d2: torch.Tensor, u2: torch.Tensor, outputsca
 
 def group_kernel(mod: nn.Module, Xg: torch.Tensor) -> torch.Tensor:
     """Noise-free space-time covariance of each group (``Xg``: ``b x k x d`` -> ``b x k x k``, float64), the
-    space-time kernel of :func:`gpcore.models.vecchia.group_covariance`, which adds the noise."""
+    space-time kernel of :func:`gpcore.models.vecchia.group_covariance`, which adds the noise. Without a graph
+    (predictions, the joint factor) a separable kernel is computed in place (:func:`_separable_in_place`)."""
+    if mod.space_time == "separable" and not torch.is_grad_enabled():
+        return _separable_in_place(mod, Xg)
     A = Xg[..., mod.space_cols].double() / mod.lengthscale.double()
     d2 = torch.zeros(A.shape[:-1] + A.shape[-2:-1], dtype=torch.float64, device=A.device)
     for j in range(A.shape[-1]):  # direct differences, as the spatial group covariance
@@ -197,6 +200,24 @@ def group_kernel(mod: nn.Module, Xg: torch.Tensor) -> torch.Tensor:
     T = Xg[..., mod.t_col].double() / time_lengthscale(mod).double()
     u2 = (T[..., :, None] - T[..., None, :]).pow(2)
     return _module_sqdist(mod, d2, u2, mod.outputscale.double())
+
+
+def _separable_in_place(mod: nn.Module, Xg: torch.Tensor) -> torch.Tensor:
+    """:func:`group_kernel` of a separable module without autograd: the spatial part by the fused in-place passes of
+    :func:`gpcore.models.kernels.group_rho` and ``u = |t - t'| / ell_t`` directly (no square and root), multiplied
+    in place; equal to the autograd form to rounding (about three times fewer passes over the ``b x k x k``
+    buffers)."""
+    k = group_rho(mod.kernel_name, Xg[..., mod.space_cols].double(), mod.lengthscale.double().reshape(-1))
+    T = Xg[..., mod.t_col].double() / time_lengthscale(mod).double()
+    u = (T[..., :, None] - T[..., None, :]).abs_()
+    if mod.time_kernel == "matern12":
+        rho_t = u.neg_().exp_()
+    elif mod.time_kernel == "matern32":
+        s = u.mul_(math.sqrt(3.0))
+        rho_t = torch.exp(-s).mul_(s.add_(1.0))
+    else:
+        raise ValueError(f"unknown time_kernel {mod.time_kernel!r}; allowed: {TIME_KERNELS}")
+    return k.mul_(rho_t).mul_(mod.outputscale.double())
 
 
 def cross_kernel(mod: nn.Module, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
