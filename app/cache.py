@@ -358,13 +358,15 @@ def get_run(run_id: str | None):
 
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=6)
 def st_model(path: str, stamp: float):
-    """The trained model of a run (loaded once per run, never retrained); a spatial ``vecchia`` / ``dbk-nn`` run's
-    stored grid factor goes back into it (``gpcore.run.grid_joint.prime``), so decisions on the grid start there."""
+    """The trained model of a run (loaded once per run, never retrained); a ``vecchia`` / ``dbk-nn`` run's stored
+    grid factor goes back into it (``gpcore.run.grid_joint.prime``; a run with time as an input: at its grid's
+    quarter), so decisions on the grid start there."""
     from gpcore.run import grid_joint
     from gpcore.run.rundir import load_model
 
     model = load_model(path, device="auto")
-    grid_joint.prime(path, model, st_run_data(path, stamp).grid)
+    run = st_run_data(path, stamp)
+    grid_joint.prime(path, model, run.grid, run.quarter)
     return model
 
 

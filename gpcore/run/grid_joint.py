@@ -10,8 +10,9 @@ grid starts from it. Exceedance already reads the stored marginals the same way.
 The file is derived data. It records the SHA-256 of ``grid.parquet`` and of ``model/`` it was built from and the
 grid's ``cell_id`` order; it is used only when both digests still match and its tensors pass
 :meth:`VecchiaJoint.from_tensors <gpcore.models.vecchia_joint.VecchiaJoint.from_tensors>`'s checks. Otherwise it is
-left alone (with a warning when damaged) and the factor is built on demand, as for any other places. Spatial runs
-only: a run with time as an input builds a factor per quarter when a decision asks for it.
+left alone (with a warning when damaged) and the factor is built on demand, as for any other places. A run with
+time as an input stores the factor at its grid's quarter (``grid.parquet``'s, the latest; the quarter is part of
+the identity); decisions at its other quarters build theirs when they ask.
 """
 
 from __future__ import annotations
@@ -37,39 +38,45 @@ def _has_joint_factor(model) -> bool:
     return hasattr(model, "keep_joint") and hasattr(model, "joint_s")
 
 
-def _inputs(model, grid) -> torch.Tensor:
-    """The model's scaled inputs of the grid's cells, computed as a decision over the same frame computes them
-    (:func:`~gpcore.run.predict.place_inputs`, then :mod:`gpcore.posterior`'s scaling), so the model's cache key
-    matches (the tests check that no decision rebuilds the factor)."""
+def _inputs(model, grid, quarter: str | None = None) -> torch.Tensor:
+    """The model's scaled inputs of the grid's cells (at ``quarter``'s decimal year for a run with time as an
+    input), computed as a decision over the same frame computes them (:func:`~gpcore.run.predict.place_inputs` at
+    :func:`~gpcore.data.temporal.parse_quarter`'s ``t``, then :mod:`gpcore.posterior`'s scaling), so the model's
+    cache key matches (the tests check that no decision rebuilds the factor)."""
+    from gpcore.data.temporal import parse_quarter
     from gpcore.models import as_2d_float
     from gpcore.run.predict import place_inputs
 
-    return model.scale_x(as_2d_float(place_inputs(grid), "X", d=model.d_))
+    t = None if quarter is None else parse_quarter(quarter)
+    return model.scale_x(as_2d_float(place_inputs(grid, t, model.d_), "X", d=model.d_))
 
 
-def _identity(run_dir: Path) -> dict:
-    return {"format": FORMAT, "grid_sha256": rundir.file_digest(run_dir / rundir.GRID),
-            "model_sha256": rundir.file_digest(run_dir / rundir.MODEL)}
+def _identity(run_dir: Path, quarter: str | None = None) -> dict:
+    ident = {"format": FORMAT, "grid_sha256": rundir.file_digest(run_dir / rundir.GRID),
+             "model_sha256": rundir.file_digest(run_dir / rundir.MODEL)}
+    return ident if quarter is None else {**ident, "quarter": str(quarter)}
 
 
-def write(run_dir, model, grid: pd.DataFrame) -> float | None:
+def write(run_dir, model, grid: pd.DataFrame, quarter: str | None = None) -> float | None:
     """Build the joint factor over ``grid`` (the frame written as the run's ``grid.parquet``, with ``cell_id``,
-    ``lon``, ``lat``) and write it into ``run_dir`` after the grid and model files; the seconds it took, ``None``
-    for a model without a joint Vecchia posterior or a grid of more than :data:`MAX_CELLS` cells."""
+    ``lon``, ``lat``; for a run with time as an input at ``quarter``, the grid's) and write it into ``run_dir``
+    after the grid and model files; the seconds it took, ``None`` for a model without a joint Vecchia posterior or
+    a grid of more than :data:`MAX_CELLS` cells."""
     if not _has_joint_factor(model) or grid is None or not 0 < len(grid) <= MAX_CELLS:
         return None
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    joint = model.joint_s(_inputs(model, grid))
+    joint = model.joint_s(_inputs(model, grid, quarter))
     tensors = joint.tensors()
     tensors["cell_id"] = torch.from_numpy(np.array(grid["cell_id"].to_numpy(dtype=np.int64)))
-    rundir.write_joint(run_dir, tensors, {**_identity(run_dir), "cells": int(len(grid))})
+    rundir.write_joint(run_dir, tensors, {**_identity(run_dir, quarter), "cells": int(len(grid))})
     return time.perf_counter() - t0
 
 
-def prime(run_dir, model, grid: pd.DataFrame) -> bool:
+def prime(run_dir, model, grid: pd.DataFrame, quarter: str | None = None) -> bool:
     """Put the run's stored grid factor into ``model`` (its joint posterior at ``grid``'s cells, in ``grid``'s row
-    order) when it was built from this run's grid and model; whether it did. A damaged file warns and is ignored."""
+    order; a run with time as an input: at ``quarter``) when it was built from this run's grid and model at that
+    quarter; whether it did. A damaged file warns and is ignored."""
     if not _has_joint_factor(model) or grid is None or not len(grid):
         return False
     run_dir = Path(run_dir)
@@ -81,8 +88,8 @@ def prime(run_dir, model, grid: pd.DataFrame) -> bool:
     if stored is None:
         return False
     tensors, identity = stored
-    if identity != {**_identity(run_dir), "cells": int(len(grid))}:
-        return False  # built from another grid or model (the run was rewritten): not this run's factor
+    if identity != {**_identity(run_dir, quarter), "cells": int(len(grid))}:
+        return False  # another grid, model or quarter (the run was rewritten; a time run's other quarter)
     from gpcore.models.vecchia_joint import VecchiaJoint
 
     try:
@@ -97,5 +104,5 @@ def prime(run_dir, model, grid: pd.DataFrame) -> bool:
         warnings.warn(f"run '{run_dir.name}': {rundir.JOINT} is damaged ({e}); the grid's joint factor is built on "
                       "demand", stacklevel=2)
         return False
-    model.keep_joint(_inputs(model, grid), joint)
+    model.keep_joint(_inputs(model, grid, quarter), joint)
     return True

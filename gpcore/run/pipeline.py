@@ -415,7 +415,8 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
         test_df["t"] = prep.t[prep.test_idx]
     rundir.write_tables(out, model=model, test_predictions=test_df, metrics=table, history=_clean(model.history_),
                         grid=gp, cells=grid, quarter_grids=quarter_grids)
-    joint_s = None if cfg.time_input else grid_joint.write(out, model, gp)  # vecchia / dbk-nn: decisions start here
+    # vecchia / dbk-nn: decisions start here (a run with time as an input: at its grid's quarter)
+    joint_s = grid_joint.write(out, model, gp, time_info["grid_quarter"] if cfg.time_input and time_info else None)
     manifest = {
         "format": rundir.RUN_FORMAT,
         "run_id": final.name,

@@ -10,8 +10,9 @@ A run folder holds::
     grids/<quarter>.parquet  a run with time as an input: the grid at each quarter of its data (2019Q1.parquet ...;
                              grid.parquet is the latest); run.json "time" lists them
     grid_cells.parquet       the grid polygons as GeoParquet (cell_id, geometry; for maps and exports)
-    grid_joint.safetensors   a spatial vecchia / dbk-nn run: the joint posterior's sparse factor over grid.parquet's
-                             cells, tied to grid.parquet and model/ by their SHA-256 (gpcore.run.grid_joint)
+    grid_joint.safetensors   a vecchia / dbk-nn run: the joint posterior's sparse factor over grid.parquet's cells
+                             (with time as an input: at its quarter), tied to grid.parquet and model/ by their SHA-256
+                             (gpcore.run.grid_joint)
     history.json             per-epoch loss and validation NLL
 
 Writing is atomic (:func:`writing`): every file goes into a hidden ``.tmp-<run id>-<pid>-<hex>`` folder beside

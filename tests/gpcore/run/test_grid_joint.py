@@ -1,5 +1,5 @@
 """A run keeps its grid's joint factor (gpcore/run/grid_joint.py, docs/decide.md "A run keeps its grid's factor"):
-a spatial ``vecchia`` / ``dbk-nn`` fit writes it, opening the run puts it back so decisions start from it (they do
+a ``vecchia`` / ``dbk-nn`` fit writes it (a time run at its grid's quarter), opening the run puts it back so decisions start from it (they do
 not rebuild it), and the stored factor gives exactly what a fresh build gives; a factor that does not match the
 run's grid and model, or is damaged, is left alone and the factor is built on demand."""
 
@@ -126,13 +126,39 @@ def test_grids_above_the_cap_store_none(runs, tmp_path, monkeypatch):
     assert grid_joint.write(run_dir, rundir.load_model(run_dir), grid) > 0 and (run_dir / rundir.JOINT).is_file()
 
 
-def test_spatial_runs_of_other_models_and_time_runs_store_none(runs, tmp_path):
+def test_runs_of_other_models_store_none(runs):
     assert not (runs["svgp"] / rundir.JOINT).exists()
     assert json.loads((runs["svgp"] / "run.json").read_text())["timings"]["grid_joint_seconds"] is None
+
+
+def test_a_time_run_stores_the_factor_at_its_grid_quarter(tmp_path, monkeypatch):
     csv = write_spacetime_csv(tmp_path / "st.csv")
+    run_dir = tmp_path / "st"
     assert main(["fit", "--data", str(csv), "--y", "download_mbps", "--transform", "log10", "--model", "vecchia",
-                 *FAST, "--time-input", "--quarter", "2019Q1:2020Q4", "--out", str(tmp_path / "st")]) == 0
-    assert not (tmp_path / "st" / rundir.JOINT).exists()
+                 *FAST, "--time-input", "--quarter", "2019Q1:2020Q4", "--out", str(run_dir)]) == 0
+    manifest = json.loads((run_dir / "run.json").read_text())
+    latest, first = manifest["time"]["grid_quarter"], manifest["time"]["grid_quarters"][0]
+    assert latest == "2020Q4" and first != latest and manifest["timings"]["grid_joint_seconds"] > 0
+    assert rundir.read_joint(run_dir)[1]["quarter"] == latest
+    run = decisions.open_run(run_dir)  # the grid's quarter: the stored factor, nothing rebuilt
+    assert run.quarter == latest and run.model._joint_cache is not None
+
+    def decide(run):
+        table = decisions.area_table(run.model, run.grid, _labels(run.grid), t=run.t).sort_values("area")
+        return table.select_dtypes("number").to_numpy(), decisions.samples(run.model, run.grid, 3, seed=5, t=run.t)
+
+    with monkeypatch.context() as m:
+        m.setattr(VJ, "build_joint", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
+        stored = decide(run)
+    fresh_dir = _copy(run_dir, tmp_path)
+    (fresh_dir / rundir.JOINT).unlink()
+    fresh = decide(decisions.open_run(fresh_dir))
+    np.testing.assert_allclose(stored[0], fresh[0], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(stored[1], fresh[1], rtol=1e-12, atol=1e-14)
+    other = decisions.open_run(run_dir, at=first)  # another quarter: not that factor; built when a decision asks
+    assert other.model._joint_cache is None
+    assert not grid_joint.prime(run_dir, other.model, other.grid, first)
+    assert decide(other)[0].shape[0] == 2 and other.model._joint_cache is not None
 
 
 # ------------------------------------------------------------------ VecchiaJoint.tensors / from_tensors / reindexed
