@@ -118,3 +118,30 @@ def test_slider_and_change_map_in_the_browser(time_server, page):
     assert uncertain > 0, caption
     wait_grid_drawn(page, 0)
     screenshot(page, "time-change-uncertain.png")
+
+
+def test_decide_at_the_grid_quarter_and_another_in_the_browser(time_server, page):
+    """Decide on the space-time run: at the grid's quarter its county table comes from the factor the fit stored;
+    another quarter builds its own. Screenshots ``time-decide-latest.png`` and ``time-decide-2019Q3.png``."""
+    page.goto(f"{time_server}/?run={RUN}")
+    page.get_by_test_id("stSidebar").get_by_text("Uncertainty Atlas", exact=False).first.wait_for(timeout=120_000)
+    settle(page)
+    nav(page, "Decide")
+    page.get_by_text("Areas at 2020Q4", exact=True).wait_for(timeout=90_000)
+    settle(page)
+    no_exception(page)
+    assert slider_value(page) == "2020Q4"
+    tables = page.get_by_test_id("stDataFrame")
+    tables.first.wait_for(timeout=60_000)
+    screenshot(page, "time-decide-latest.png")
+
+    thumb = page.get_by_test_id("stSlider").get_by_role("slider").first
+    thumb.focus()
+    for _ in range(5):
+        page.keyboard.press("ArrowLeft")
+    page.get_by_text("Areas at 2019Q3", exact=True).wait_for(timeout=90_000)
+    settle(page)
+    no_exception(page)
+    assert "at=2019Q3" in page.url, page.url
+    page.get_by_text("Plausible maps at 2019Q3", exact=True).wait_for(timeout=60_000)
+    screenshot(page, "time-decide-2019Q3.png")

@@ -1,7 +1,8 @@
 """A run keeps its grid's joint factor (gpcore/run/grid_joint.py, docs/decide.md "A run keeps its grid's factor"):
-a ``vecchia`` / ``dbk-nn`` fit writes it (a time run at its grid's quarter), opening the run puts it back so decisions start from it (they do
-not rebuild it), and the stored factor gives exactly what a fresh build gives; a factor that does not match the
-run's grid and model, or is damaged, is left alone and the factor is built on demand."""
+a ``vecchia`` / ``dbk-nn`` fit writes it (a time run at its grid's quarter), opening the run puts it back so
+decisions start from it (they do not rebuild it), and the stored factor gives exactly what a fresh build gives; a
+factor that does not match the run's grid and model, or is damaged, is left alone and the factor is built on
+demand."""
 
 from __future__ import annotations
 
