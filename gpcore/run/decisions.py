@@ -75,8 +75,8 @@ def open_run(run_dir, device: str | None = None, at: str | None = None) -> Store
     t = run_time_at(manifest["config"], quarter) if quarter else None
     stored = quarter in rundir.grid_quarters(run_dir)
     grid = rundir.read_grid_frame(run_dir, manifest, quarter=quarter if stored else None)
-    if stored:  # at the grid's quarter: the factor the fit stored (other quarters build theirs when asked)
-        grid_joint.prime(run_dir, model, grid, quarter)
+    if quarter == (manifest.get("time") or {}).get("grid_quarter"):  # the factor the fit stored at that quarter
+        grid_joint.prime(run_dir, model, grid, quarter)  # (other quarters build theirs when a decision asks)
     if quarter and not stored:  # a quarter without a stored grid: predict the cells at it
         from gpcore.run.predict import grid_predictions
 
