@@ -132,17 +132,21 @@ def test_runs_of_other_models_store_none(runs):
     assert json.loads((runs["svgp"] / "run.json").read_text())["timings"]["grid_joint_seconds"] is None
 
 
-def test_a_time_run_stores_the_factor_at_its_grid_quarter(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["vecchia", "dbk-nn"])
+def test_a_time_run_stores_the_factor_at_its_grid_quarter(name, tmp_path, monkeypatch):
     csv = write_spacetime_csv(tmp_path / "st.csv")
     run_dir = tmp_path / "st"
-    assert main(["fit", "--data", str(csv), "--y", "download_mbps", "--transform", "log10", "--model", "vecchia",
-                 *FAST, "--time-input", "--quarter", "2019Q1:2020Q4", "--out", str(run_dir)]) == 0
+    extra = DBK_FEATURES if name == "dbk-nn" else []
+    assert main(["fit", "--data", str(csv), "--y", "download_mbps", "--transform", "log10", "--model", name,
+                 *FAST, *extra, "--time-input", "--quarter", "2019Q1:2020Q4", "--out", str(run_dir)]) == 0
     manifest = json.loads((run_dir / "run.json").read_text())
     latest, first = manifest["time"]["grid_quarter"], manifest["time"]["grid_quarters"][0]
     assert latest == "2020Q4" and first != latest and manifest["timings"]["grid_joint_seconds"] > 0
     assert rundir.read_joint(run_dir)[1]["quarter"] == latest
     run = decisions.open_run(run_dir)  # the grid's quarter: the stored factor, nothing rebuilt
     assert run.quarter == latest and run.model._joint_cache is not None
+    if name == "dbk-nn":  # the low-rank part stored, and completed from the features at (lon, lat, t)
+        assert run.model.module_.features_on and run.model._joint_cache[1].F is not None
 
     def decide(run):
         table = decisions.area_table(run.model, run.grid, _labels(run.grid), t=run.t).sort_values("area")
