@@ -87,22 +87,6 @@ def _rho_and_slope(name: str, d2: torch.Tensor, slope: bool = True) -> tuple[tor
     return k, ((s + 1.0).mul_(e).mul_(-5.0 / 6.0) if slope else None)
 
 
-def _group_scaled(Xg: torch.Tensor, ell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``At = (Xg / ell)`` dimension-major (``b x d x k``) and the scaled squared distances within each group
-    (``b x k x k``, a fresh buffer)."""
-    At = (Xg / ell).transpose(-1, -2).contiguous()
-    d2 = _group_sqdist(At, 0)
-    for j in range(1, At.shape[-2]):
-        d2.add_(_group_sqdist(At, j))
-    return At, d2
-
-
-def group_rho(name: str, Xg: torch.Tensor, ell: torch.Tensor) -> torch.Tensor:
-    """``rho(|(x - x') / ell|)`` within each group of ``Xg`` (``b x k x d`` -> ``b x k x k``) without a graph: the
-    forward passes of :func:`group_kernel`, in place, before the outputscale."""
-    return _rho_and_slope(name, _group_scaled(Xg, ell)[1], slope=False)[0]
-
-
 class _GroupKernel(torch.autograd.Function):
     """``outputscale * rho(|(x - x') / ell|)`` within each group of ``Xg`` (``b x k x d``), float64, with a
     closed-form backward for ``ell`` and ``outputscale``: the forward and backward work in place on ``b x k x k``
@@ -110,7 +94,10 @@ class _GroupKernel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, Xg, ell, outputscale, name):
-        At, d2 = _group_scaled(Xg, ell)  # b x d x k, b x k x k
+        At = (Xg / ell).transpose(-1, -2).contiguous()  # b x d x k
+        d2 = _group_sqdist(At, 0)
+        for j in range(1, At.shape[-2]):
+            d2.add_(_group_sqdist(At, j))
         k, slope = _rho_and_slope(name, d2, slope=ctx.needs_input_grad[1])
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(At, ell, outputscale, k, slope)

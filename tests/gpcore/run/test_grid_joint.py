@@ -42,8 +42,9 @@ def _labels(grid):
 
 
 def _decide(run):
-    table = decisions.area_table(run.model, run.grid, _labels(run.grid)).sort_values("area")
-    return table.select_dtypes("number").to_numpy(), decisions.samples(run.model, run.grid, 3, seed=5)
+    """Area posteriors and joint samples over the run's grid (at its quarter for a run with time as an input)."""
+    table = decisions.area_table(run.model, run.grid, _labels(run.grid), t=run.t).sort_values("area")
+    return table.select_dtypes("number").to_numpy(), decisions.samples(run.model, run.grid, 3, seed=5, t=run.t)
 
 
 def _copy(run_dir, tmp_path, name="copy"):
@@ -148,22 +149,18 @@ def test_a_time_run_stores_the_factor_at_its_grid_quarter(name, tmp_path, monkey
     if name == "dbk-nn":  # the low-rank part stored, and completed from the features at (lon, lat, t)
         assert run.model.module_.features_on and run.model._joint_cache[1].F is not None
 
-    def decide(run):
-        table = decisions.area_table(run.model, run.grid, _labels(run.grid), t=run.t).sort_values("area")
-        return table.select_dtypes("number").to_numpy(), decisions.samples(run.model, run.grid, 3, seed=5, t=run.t)
-
     with monkeypatch.context() as m:
         m.setattr(VJ, "build_joint", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rebuilt")))
-        stored = decide(run)
+        stored = _decide(run)
     fresh_dir = _copy(run_dir, tmp_path)
     (fresh_dir / rundir.JOINT).unlink()
-    fresh = decide(decisions.open_run(fresh_dir))
+    fresh = _decide(decisions.open_run(fresh_dir))
     np.testing.assert_allclose(stored[0], fresh[0], rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(stored[1], fresh[1], rtol=1e-12, atol=1e-14)
     other = decisions.open_run(run_dir, at=first)  # another quarter: not that factor; built when a decision asks
     assert other.model._joint_cache is None
     assert not grid_joint.prime(run_dir, other.model, other.grid, first)
-    assert decide(other)[0].shape[0] == 2 and other.model._joint_cache is not None
+    assert _decide(other)[0].shape[0] == 2 and other.model._joint_cache is not None
 
 
 # ------------------------------------------------------------------ VecchiaJoint.tensors / from_tensors / reindexed
