@@ -82,7 +82,7 @@ from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
 from gpcore.models.dbknn_grad import frozen_feature_pass
 from gpcore.models.dbknn_screen import screen_features, screen_passes
-from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus
+from gpcore.models.linalg import LOG_2PI, combine_rows, inv_softplus, kriging_weights
 from gpcore.models.memo import PointMemo
 from gpcore.models.registry import register
 from gpcore.models.terms import current_terms
@@ -450,8 +450,7 @@ class DBKNN(VecchiaGP):
             L, _ = _conditional_terms(mod, Xg, torch.zeros(Xg.shape[:2], dtype=torch.float64, device=xb.device),
                                       valid, self._prediction_noise(N))
             l_row = L[:, -1, :-1]
-            t = torch.linalg.solve_triangular(L[:, :-1, :-1].transpose(-1, -2), l_row.unsqueeze(-1),
-                                              upper=True).squeeze(-1)  # C_NN^{-1} k_Nx
+            t = kriging_weights(L)  # C_NN^{-1} k_Nx
             means.append(st.prior_mean(mod, x) + a * (phi @ w_hat) + (t * e_tr[N]).sum(-1))
             q = a * (phi - combine_rows(t, N, Phi))
             vars_.append((q @ F).pow(2).sum(-1) + mod.outputscale.double() - l_row.pow(2).sum(-1))

@@ -195,6 +195,15 @@ def combine_rows(ell: torch.Tensor, G: torch.Tensor, Phi: torch.Tensor) -> torch
     return torch.bmm(ell.unsqueeze(1), rows).squeeze(1)
 
 
+def kriging_weights(L: torch.Tensor) -> torch.Tensor:
+    """``C_NN^{-1} c_N`` for groups ``C = [[C_NN, c_N], [c_N^T, c]]`` from their Cholesky factors ``L`` (``b x k x
+    k``): ``L_NN^{-T} l`` with ``l`` the last row of ``L`` (``b x (k - 1)``, no graph needed). ``L_NN^T`` is copied
+    into contiguous rows first: the strided view of a batched factor's leading block is solved about four times more
+    slowly (measured: docs/benchmarks/decide.md, "The factor over the 48k grid, by commit")."""
+    Lt = L[..., :-1, :-1].transpose(-1, -2).contiguous()
+    return torch.linalg.solve_triangular(Lt, L[..., -1, :-1].unsqueeze(-1), upper=True).squeeze(-1)
+
+
 class VecchiaRow(torch.autograd.Function):
     """``ell = e_last^T chol(C)^{-1}`` for a batch of group covariances ``C`` (``b x k x k``, float64),
     with a closed-form backward.

@@ -122,6 +122,60 @@ def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
     return order
 
 
+def lattice_order(X: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Coarse-to-fine lattice ordering of the rows of ``X`` (``n x d``, ``d <= 3``; more dimensions: the exact
+    :func:`maxmin_order`); returns a permutation of ``range(n)``.
+
+    The rows' bounding square (side ``s``, the largest extent) is cut into ``2^l`` squares per side at levels
+    ``l = 0, 1, ..``; level ``l`` takes, in every square holding none of the rows taken so far, its row nearest the
+    square's centre (ties: lowest index), the level's rows in a seeded random order. Like the max-min ordering, each
+    level spreads its rows about ``s / 2^l`` apart and fills the gaps of the levels before, but every level is a few
+    vectorised passes over one Morton (Z-order) sort, so it costs ``O(n log n)`` once and ``O(n)`` per level where the
+    max-min ordering's heap loop is a Python step per row (docs/decide.md, "Joint posterior of vecchia and dbk-nn").
+    """
+    X = np.asarray(X, dtype=np.float64)
+    n, d = X.shape
+    if d > 3:
+        return maxmin_order(X)
+    lo = X.min(0) if n else np.zeros(d)
+    span = float((X.max(0) - lo).max()) if n else 0.0
+    if n < 2 or span <= 0.0:  # one row, or every row the same point
+        return np.arange(n, dtype=np.int64)
+    bits = min(30, 63 // d)
+    q = np.clip(np.floor((X - lo) * (2.0**bits / span)).astype(np.int64), 0, 2**bits - 1)
+    code = np.zeros(n, dtype=np.int64)
+    for b in range(bits):  # Morton code: bit b of dimension j at position b d + j
+        for j in range(d):
+            code |= ((q[:, j] >> b) & 1) << (b * d + j)
+    perm = np.argsort(code, kind="stable")  # every square of every level is one contiguous run of perm
+    code, q, Xp = code[perm], q[perm], X[perm]
+    inv = np.empty(n, dtype=np.int64)
+    inv[perm] = np.arange(n)
+    taken = np.zeros(n, dtype=bool)
+    rng = np.random.default_rng(int(seed))
+    out = []
+    for level in range(bits + 1):
+        key = code >> (d * (bits - level))
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        free = ~np.logical_or.reduceat(taken, starts)  # squares holding no taken row
+        if not free.any():
+            continue
+        run = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, n]))
+        pos = np.flatnonzero(free[run])  # the rows of those squares, square by square
+        centre = lo + ((q[pos] >> (bits - level)) + 0.5) * (span / 2.0**level)
+        dist = ((Xp[pos] - centre) ** 2).sum(1)
+        first = np.flatnonzero(np.r_[True, run[pos][1:] != run[pos][:-1]])
+        near = dist == np.repeat(np.minimum.reduceat(dist, first), np.diff(np.r_[first, pos.size]))
+        best = np.minimum.reduceat(np.where(near, perm[pos], n), first)  # lowest index among the nearest
+        taken[inv[best]] = True
+        out.append(rng.permutation(best))
+        if taken.all():
+            break
+    rest = perm[~taken]  # rows sharing the finest square with a taken row (duplicates)
+    out.append(rng.permutation(rest))
+    return np.concatenate(out).astype(np.int64)
+
+
 def coord_order(X: np.ndarray) -> np.ndarray:
     """Order by the first coordinate (stable: ties keep their input order)."""
     return np.argsort(np.asarray(X, dtype=np.float64)[:, 0], kind="stable")
@@ -155,7 +209,7 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
         D = ((Xo[s:e, None, :] - Xo[None, :e, :]) ** 2).sum(-1)
         D[np.arange(e)[None, :] >= np.arange(s, e)[:, None]] = np.inf  # only predecessors
         k = min(m, e - 1)
-        idx = np.argsort(D, axis=1, kind="stable")[:, :k]
+        idx = _smallest_stable(D, k)
         valid = np.take_along_axis(D, idx, 1) < np.inf
         out[s:e, :k] = np.where(valid, idx, -1)
     # then blocks [s, 2s) of the ordering, each against a tree of its first 2s rows: at least half of a block row's
@@ -171,11 +225,26 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
             done = (pred.sum(1) >= m) | (k >= e)  # k = e: every predecessor is among them (rest >= nb > m)
             if done.any():
                 rows = np.flatnonzero(done)
-                sel = np.argsort(~pred[rows], axis=1, kind="stable")[:, :m]  # first m predecessors, nearest first
-                out[rest[rows]] = np.take_along_axis(idx[rows], sel, 1)
+                first = pred[rows] & (np.cumsum(pred[rows], 1) <= m)  # the first m predecessors, nearest first
+                out[rest[rows]] = idx[rows][first].reshape(rows.size, m)
             rest = rest[~done]
             k = min(e, 4 * k)
     return out[start:]
+
+
+def _smallest_stable(D: np.ndarray, k: int) -> np.ndarray:
+    """``np.argsort(D, axis=1, kind="stable")[:, :k]`` without sorting whole rows: each row's candidates are the
+    entries no larger than its ``k``-th smallest (ties included, in column order), and only they are sorted."""
+    if k >= D.shape[1]:
+        return np.argsort(D, axis=1, kind="stable")[:, :k]
+    cand = D <= np.partition(D, k - 1, axis=1)[:, k - 1 : k]
+    count = cand.sum(1)
+    r, c = np.nonzero(cand)  # row by row, columns ascending
+    slot = np.arange(r.size) - np.repeat(np.cumsum(count) - count, count)
+    cols = np.zeros((D.shape[0], int(count.max())), dtype=np.int64)
+    vals = np.full(cols.shape, np.inf)
+    cols[r, slot], vals[r, slot] = c, D[r, c]
+    return np.take_along_axis(cols, np.argsort(vals, axis=1, kind="stable")[:, :k], 1)
 
 
 def _doubling_blocks(n: int, nb: int, start: int):

@@ -35,7 +35,7 @@ Prediction: each new point conditions on its ``pred_neighbors`` (default ``3m/2`
 ``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
 
 Joint posterior: no feature form; the joint posterior of many new places is the response-first joint Vecchia
-prediction of :mod:`gpcore.models.vecchia_joint` (new places ordered after the training points, each conditioned on
+prediction of :mod:`gpcore.models.vecchia_joint` (new places in ``joint_ordering`` after the training points, each on
 its ``pred_neighbors`` (default ``m``) nearest training points and its ``joint_neighbors`` nearest earlier new places):
 ``posterior_cov``, areal sums, joint samples and suggestions (:mod:`gpcore.posterior`, docs/decide.md).
 
@@ -108,6 +108,8 @@ class VecchiaConfig(st.SpaceTimeConfig):
                                             "conditioning set (hyperparameters unchanged, no refit)")
     joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "
                                    "places each new place conditions on, beside its training neighbours", min=0)
+    joint_ordering: str = setting("lattice", help="joint posterior: order of the new places (lattice: coarse-to-fine "
+                                  "squares; maxmin: exact max-min, slower)", choices=("lattice", "maxmin"))
 
 
 class VecchiaModule(SoftplusHyperparameters, nn.Module):
@@ -183,12 +185,9 @@ class VecchiaGP(GPModel):
     #: finalize stores the ordered training weights (their noise enters every prediction's neighbour set)
     needs_finalize = True
     #: trains under torchrun: every rank all the rows, its share of the chunks (_step; docs/scaling.md)
-    distributed_full_batch = True
-    distributed_own_share = True
-    uncertainty_note: ClassVar[str] = (
-        "The Vecchia GP is a stationary GP conditioned on nearby data: intervals return to the prior far "
-        "from measurements but do not adapt to input-dependent noise."
-    )
+    distributed_full_batch = distributed_own_share = True
+    uncertainty_note: ClassVar[str] = ("The Vecchia GP is a stationary GP conditioned on nearby data: intervals return "
+                                       "to the prior far from measurements but do not adapt to input-dependent noise.")
 
     @property
     def full_batch(self) -> bool:
