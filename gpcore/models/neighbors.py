@@ -122,16 +122,17 @@ def maxmin_order(X: np.ndarray, k_local: int = 16) -> np.ndarray:
     return order
 
 
-def lattice_order(X: np.ndarray, seed: int = 0) -> np.ndarray:
+def lattice_order(X: np.ndarray) -> np.ndarray:
     """Coarse-to-fine lattice ordering of the rows of ``X`` (``n x d``, ``d <= 3``; more dimensions: the exact
     :func:`maxmin_order`); returns a permutation of ``range(n)``.
 
     The rows' bounding square (side ``s``, the largest extent) is cut into ``2^l`` squares per side at levels
     ``l = 0, 1, ..``; level ``l`` takes, in every square holding none of the rows taken so far, its row nearest the
-    square's centre (ties: lowest index), the level's rows in a seeded random order. Like the max-min ordering, each
-    level spreads its rows about ``s / 2^l`` apart and fills the gaps of the levels before, but every level is a few
-    vectorised passes over one Morton (Z-order) sort, so it costs ``O(n log n)`` once and ``O(n)`` per level where the
-    max-min ordering's heap loop is a Python step per row (docs/decide.md, "Joint posterior of vecchia and dbk-nn").
+    square's centre (ties: lowest index), in the Morton (Z-order) order of the squares; rows that never get a square
+    of their own (duplicates) come last, by index. Like the max-min ordering, each level spreads its rows about
+    ``s / 2^l`` apart and fills the gaps of the levels before; but one Morton sort makes every square of every level
+    a contiguous run, so each level is a few vectorised passes (``O(n)``) where the max-min heap loop is a Python step
+    per row (docs/decide.md, "The order of the new places", with the accuracy of both).
     """
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
@@ -152,7 +153,6 @@ def lattice_order(X: np.ndarray, seed: int = 0) -> np.ndarray:
     inv = np.empty(n, dtype=np.int64)
     inv[perm] = np.arange(n)
     taken = np.zeros(n, dtype=bool)
-    rng = np.random.default_rng(int(seed))
     out = []
     for level in range(bits + 1):
         key = code >> (d * (bits - level))
@@ -168,11 +168,11 @@ def lattice_order(X: np.ndarray, seed: int = 0) -> np.ndarray:
         near = dist == np.repeat(np.minimum.reduceat(dist, first), np.diff(np.r_[first, pos.size]))
         best = np.minimum.reduceat(np.where(near, perm[pos], n), first)  # lowest index among the nearest
         taken[inv[best]] = True
-        out.append(rng.permutation(best))
+        out.append(best)
         if taken.all():
             break
     rest = perm[~taken]  # rows sharing the finest square with a taken row (duplicates)
-    out.append(rng.permutation(rest))
+    out.append(np.sort(rest))
     return np.concatenate(out).astype(np.int64)
 
 

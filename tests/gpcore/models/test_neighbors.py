@@ -10,8 +10,9 @@ import pytest
 from gpcore.models.neighbors import lattice_order, maxmin_order
 
 
-def _lattice_levels(X: np.ndarray) -> list[set[int]]:
-    """The rows each level takes, by the definition: a dictionary of squares per level, no sorting tricks."""
+def _lattice_levels(X: np.ndarray) -> tuple[list[set[int]], list[int]]:
+    """The rows each level takes, by the definition (a dictionary of squares per level, no sorting tricks), and the
+    rows no level takes (duplicates of taken rows), by index."""
     n, d = X.shape
     lo = X.min(0)
     span = float((X.max(0) - lo).max())
@@ -35,8 +36,16 @@ def _lattice_levels(X: np.ndarray) -> list[set[int]]:
             taken |= picks
         if len(taken) == n:
             break
-    rest = set(range(n)) - taken
-    return levels + ([rest] if rest else [])
+    return levels, sorted(set(range(n)) - taken)
+
+
+def _morton(X: np.ndarray) -> list[int]:
+    """Each row's Morton (Z-order) code at the finest level: bit b of coordinate j at position b d + j."""
+    n, d = X.shape
+    lo, span, bits = X.min(0), float((X.max(0) - X.min(0)).max()), min(30, 63 // d)
+    q = np.clip(np.floor((X - lo) * (2.0**bits / span)).astype(np.int64), 0, 2**bits - 1)
+    return np.array([sum(((int(q[i, j]) >> b) & 1) << (b * d + j) for b in range(bits) for j in range(d))
+                     for i in range(n)], dtype=object)
 
 
 def _cases():
@@ -53,14 +62,18 @@ def _cases():
 @pytest.mark.parametrize("case", list(_cases()))
 def test_lattice_order_takes_each_levels_squares_by_the_definition(case):
     X = _cases()[case]
-    order = lattice_order(X, seed=0)
+    order = lattice_order(X)
     assert sorted(order.tolist()) == list(range(len(X)))
+    code = _morton(X)
+    levels, rest = _lattice_levels(X)
     start = 0
-    for rows in _lattice_levels(X):
-        assert set(order[start : start + len(rows)].tolist()) == rows
+    for rows in levels:
+        block = order[start : start + len(rows)]
+        assert set(block.tolist()) == rows
+        assert (np.diff(code[block]) > 0).all()  # one row per square, in the squares' Morton order
         start += len(rows)
-    assert start == len(X)
-    np.testing.assert_array_equal(lattice_order(X, seed=0), order)  # seeded: the same every time
+    assert order[start:].tolist() == rest
+    assert bool(rest) == (case == "duplicates")
 
 
 def test_lattice_order_spreads_its_first_rows_like_max_min():
