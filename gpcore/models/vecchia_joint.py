@@ -230,10 +230,16 @@ class VecchiaJoint:
         aPhi_T, phi_p, _, F = lowrank
         if self.T.size and self.T.max() >= aPhi_T.shape[0]:
             raise ValueError(f"training neighbours beyond the model's {aPhi_T.shape[0]} training rows")
-        n, m = self.T.shape
-        S = sp.csr_matrix((self.Bt.ravel(), self.T.ravel(), np.arange(0, n * m + 1, m)), shape=(n, aPhi_T.shape[0]))
-        return replace(self, BPhi=np.asarray(S @ aPhi_T.double().cpu().numpy()),  # B a Phi_T, no n x m x p gather
+        return replace(self, BPhi=_weighted_rows(self.T, self.Bt, aPhi_T),
                        Phi=phi_p(Xs).double().cpu().numpy(), F=F.double().cpu().numpy())
+
+
+def _weighted_rows(T: np.ndarray, Bt: np.ndarray, aPhi_T: torch.Tensor) -> np.ndarray:
+    """``B a Phi_T``: row ``j`` is ``sum_k Bt[j, k] aPhi_T[T[j, k]]`` (``n x p``), by one sparse product on the CPU
+    instead of an ``n x m_t x p`` gather (a third of a second for 48,309 places and 128 features)."""
+    n, m = T.shape
+    S = sp.csr_matrix((Bt.ravel(), T.ravel(), np.arange(0, n * m + 1, m)), shape=(n, aPhi_T.shape[0]))
+    return np.asarray(S @ aPhi_T.double().cpu().numpy())
 
 
 @torch.no_grad()
@@ -267,7 +273,6 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     c = torch.empty(n, dtype=torch.float64, device=Xs.device)
     d = torch.empty(n, dtype=torch.float64, device=Xs.device)
     BP = torch.empty(n, mp, dtype=torch.float64, device=Xs.device)
-    BPhi = None if lowrank is None else torch.empty(n, lowrank[0].shape[1], dtype=torch.float64, device=Xs.device)
     Bt = None if lowrank is None else torch.empty(n, m_t, dtype=torch.float64, device=Xs.device)  # kept for storing
     zero = torch.zeros((), dtype=torch.float64, device=Xs.device)
     for i in range(0, n, cs):
@@ -292,8 +297,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
         c[i : i + b] = (bt * e[T]).sum(-1)
         BP[i : i + b] = bp
         d[i : i + b] = L[:, -1, -1].pow(2)
-        if BPhi is not None:
-            BPhi[i : i + b] = torch.einsum("bk,bkp->bp", bt, lowrank[0][T])
+        if Bt is not None:
             Bt[i : i + b] = bt
     rows = np.repeat(np.arange(n), mp)
     cols = NP.cpu().numpy().ravel()
@@ -309,8 +313,9 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     if lowrank is not None:
         _, phi_p, w_hat, F = lowrank
         Phi_P = phi_p(Xs).cpu().numpy()  # a Phi at the new places, caller order
-        joint.Phi, joint.BPhi, joint.F = Phi_P, BPhi.cpu().numpy(), F.cpu().numpy()  # Q on demand (VecchiaJoint.Q)
         joint.T, joint.Bt = NT.cpu().numpy(), Bt.cpu().numpy()
+        joint.Phi, joint.F = Phi_P, F.cpu().numpy()  # Q on demand (VecchiaJoint.Q)
+        joint.BPhi = _weighted_rows(joint.T, joint.Bt, lowrank[0])
         mean = mean + Phi_P @ w_hat.cpu().numpy()
     joint.mean = mean
     return joint
