@@ -199,7 +199,7 @@ def kriging_weights(L: torch.Tensor) -> torch.Tensor:
     """``C_NN^{-1} c_N`` for groups ``C = [[C_NN, c_N], [c_N^T, c]]`` from their Cholesky factors ``L`` (``b x k x
     k``): ``L_NN^{-T} l`` with ``l`` the last row of ``L`` (``b x (k - 1)``, no graph needed). ``L_NN^T`` is copied
     into contiguous rows first: the strided view of a batched factor's leading block is solved about four times more
-    slowly (measured: docs/benchmarks/decide.md, "The factor over the 48k grid, by commit")."""
+    slowly (measured: docs/benchmarks/decide.md, "The lattice ordering, adopted")."""
     Lt = L[..., :-1, :-1].transpose(-1, -2).contiguous()
     return torch.linalg.solve_triangular(Lt, L[..., -1, :-1].unsqueeze(-1), upper=True).squeeze(-1)
 

@@ -1,6 +1,7 @@
 """Orderings and nearest-neighbour sets of the Vecchia family (once per fit and per joint prediction): the exact
-max-min ordering, the coordinate ordering, the exact ``m`` nearest predecessors and the nearest training points of
-new places (docs/methods/vecchia.md, "Ordering and neighbours").
+max-min ordering, the coordinate ordering, the lattice ordering of the joint posterior's new places, the exact ``m``
+nearest predecessors and the nearest training points of new places (docs/methods/vecchia.md, "Ordering and
+neighbours"; docs/decide.md, "The order of the new places").
 
 Neighbour searches run where the model does: a KD-tree (scipy, every CPU core) for a model on the CPU, the torch
 grid search of :mod:`gpcore.models.grid_search` on an accelerator; both are exact, so they return the same sets
