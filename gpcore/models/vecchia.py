@@ -24,20 +24,21 @@ prior mean may carry a time trend: docs/methods/spacetime.md (``space_time``, ``
 
 Training: hyperparameters (lengthscales, outputscale, noise, constant mean) by the config's ``optimizer`` (L-BFGS, one
 strong-Wolfe iteration per epoch, or AdamW) on the Vecchia likelihood (above ``likelihood_points`` rows a seeded subset
-of its terms, scaled: :mod:`gpcore.models.terms`; :mod:`gpcore.models.training`, stopped
-once the validation NLL gains under ``min_improvement`` in ``patience`` iterations), backward chunk by chunk
-(``_step``: memory of one chunk); the lengthscales start at the neighbourhood radius (``lengthscale_init=0``). Under
-``torchrun ... --distributed`` every rank holds all ordered points and computes a contiguous share of the chunks; loss
-and gradients are summed over ranks at every closure evaluation (docs/scaling.md, "Vecchia and dbk-nn").
+of its terms, scaled: :mod:`gpcore.models.terms`; :mod:`gpcore.models.training`, stopped once the validation NLL gains
+under ``min_improvement`` in ``patience`` iterations), backward chunk by chunk (``_step``: memory of one chunk); the
+lengthscales start at the neighbourhood radius (``lengthscale_init=0``). Under ``torchrun ... --distributed`` every rank
+holds all ordered points and computes a contiguous share of the chunks; loss and gradients are summed over ranks at
+every closure evaluation (docs/scaling.md, "Vecchia and dbk-nn").
 
 Prediction: each new point conditions on its ``pred_neighbors`` (default ``3m/2``) nearest training points:
 ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN + s2 I)^{-1} k_Nx``,
 ``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
 
 Joint posterior: no feature form; the joint posterior of many new places is the response-first joint Vecchia
-prediction of :mod:`gpcore.models.vecchia_joint` (new places in ``joint_ordering`` after the training points, each on
-its ``pred_neighbors`` (default ``m``) nearest training points and its ``joint_neighbors`` nearest earlier new places):
-``posterior_cov``, areal sums, joint samples and suggestions (:mod:`gpcore.posterior`, docs/decide.md).
+prediction of :mod:`gpcore.models.vecchia_joint` (new places after the training points, in ``joint_ordering``, each
+conditioned on its ``pred_neighbors`` (default ``m``) nearest training points and its ``joint_neighbors`` nearest
+earlier new places): ``posterior_cov``, areal sums, joint samples and suggestions (:mod:`gpcore.posterior`,
+docs/decide.md).
 
 Saved state: hyperparameters, ordered training inputs and targets (scaled), ordering and neighbour sets, as tensors
 (safetensors); the prediction neighbour index is rebuilt on first use.

@@ -1,5 +1,5 @@
-"""The lattice ordering of the joint posterior's new places (gpcore/models/neighbors.py, docs/decide.md "Joint
-posterior of vecchia and dbk-nn") against a plain per-level reference; the max-min ordering and the neighbour sets
+"""The lattice ordering of the joint posterior's new places (gpcore/models/neighbors.py, docs/decide.md "The order
+of the new places") against a plain per-level reference; the max-min ordering and the neighbour sets
 are checked against brute force in test_vecchia.py."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _lattice_levels(X: np.ndarray) -> tuple[list[set[int]], list[int]]:
     return levels, sorted(set(range(n)) - taken)
 
 
-def _morton(X: np.ndarray) -> list[int]:
+def _morton(X: np.ndarray) -> np.ndarray:
     """Each row's Morton (Z-order) code at the finest level: bit b of coordinate j at position b d + j."""
     n, d = X.shape
     lo, span, bits = X.min(0), float((X.max(0) - X.min(0)).max()), min(30, 63 // d)
