@@ -306,13 +306,16 @@ def haversine_km(lon1, lat1, lon2, lat2) -> np.ndarray:
 
 def suggest(model, candidates, targets=None, k: int = 10, *, target_weights=None, min_km: float = 0.0,
             engine: str = "auto", residual_features: int = RESIDUAL_FEATURES, seed: int = 0,
-            noise: float | None = None) -> Suggestion:
+            noise: float | None = None, pred=None, target_pred=None) -> Suggestion:
     """Greedily pick ``k`` of ``candidates`` (``n_C x d``, lon/lat for ``min_km``) that most reduce the
     weighted mean posterior variance of f over ``targets`` (default: the candidates).
 
     A measurement at ``c`` is ``y = f(c) + eps`` with the model's noise (or ``noise``, caller units^2). Its
     reduction is ``sum_t w_t Cov(f_t, f_c)^2 / (Var f_c + s2)``; after each pick the posterior is
     conditioned on it (a rank-one update). ``min_km`` excludes candidates closer than that to a pick.
+    ``pred`` / ``target_pred``: the model's marginal predictions at the candidates / targets when already known
+    (a run's stored grid marginals, :func:`grid_prediction`); the Vecchia engine takes their ``var_f`` instead of
+    predicting every place again (the other engines get the marginals from their features).
     """
     jp = _posterior(model)
     from gpcore.models import as_2d_float
@@ -343,7 +346,12 @@ def suggest(model, candidates, targets=None, k: int = 10, *, target_weights=None
     Xcs = jp.model.scale_x(Xc)
     Xts = Xcs if targets is None else jp.model.scale_x(Xt)  # the same tensor: features computed once
     run = {"dense": _greedy_dense, "features": _greedy_features, "vecchia": _greedy_vecchia}[engine]
-    res = run(jp, Xcs, Xts, torch.as_tensor(wt), int(k), s2, Xc, float(min_km), residual_features, seed)
+    known = {}
+    if engine == "vecchia":  # marginal variances already known: standardised units, as predict_scaled gives them
+        known["v_c"] = None if pred is None else _known_var(pred, n_c, jp.scale, "pred", "candidates")
+        known["v_t"] = known["v_c"] if targets is None else (
+            None if target_pred is None else _known_var(target_pred, n_t, jp.scale, "target_pred", "targets"))
+    res = run(jp, Xcs, Xts, torch.as_tensor(wt), int(k), s2, Xc, float(min_km), residual_features, seed, **known)
     sc2 = jp.scale**2
     res.reduction = res.reduction * sc2
     res.mean_var_before *= sc2
@@ -351,6 +359,14 @@ def suggest(model, candidates, targets=None, k: int = 10, *, target_weights=None
     res.var_after_targets = res.var_after_targets * sc2
     res.var_after_candidates = res.var_after_candidates * sc2
     return res
+
+
+def _known_var(pred, n: int, scale: float, name: str, what: str) -> torch.Tensor:
+    """``pred.var_f`` (caller units^2) of ``n`` places in standardised units, checked."""
+    v = np.asarray(getattr(pred, "var_f", None), dtype=float)
+    if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any():
+        raise InputError(f"{name}: var_f must be {n} finite non-negative numbers, one per place of the {what}")
+    return torch.as_tensor(v / scale**2, dtype=torch.float64)
 
 
 def _spacing_mask(Xc: np.ndarray, pick: int, min_km: float) -> np.ndarray:
@@ -408,15 +424,16 @@ def _greedy_features(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion
     return res
 
 
-def _greedy_vecchia(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed) -> Suggestion:
+def _greedy_vecchia(jp, Xcs, Xts, wt, k, s2, Xc, min_km, D, seed, v_c=None, v_t=None) -> Suggestion:
     """Vecchia family: ``Cov ~= G G^T`` with ``G`` from the joint Vecchia factor over candidates and targets together
-    (``D`` Monte-Carlo columns, the low-rank part exactly); marginal variances from the model's predictions."""
+    (``D`` Monte-Carlo columns, the low-rank part exactly); marginal variances from the model's predictions (``v_c``,
+    ``v_t`` when already known, standardised units)."""
     same = Xts is Xcs
     G = jp.lowrank_s(Xcs if same else torch.cat([Xcs, Xts]), D, seed)
     Pc, Pt = G[: Xcs.shape[0]], (G if same else G[Xcs.shape[0]:])
     with torch.no_grad():
-        v_c = jp.model.predict_scaled(Xcs)[1].double()
-        v_t = v_c if same else jp.model.predict_scaled(Xts)[1].double()
+        v_c = jp.model.predict_scaled(Xcs)[1].double() if v_c is None else v_c
+        v_t = v_c if same else (jp.model.predict_scaled(Xts)[1].double() if v_t is None else v_t)
     eye = torch.eye(G.shape[1], dtype=torch.float64)
     return dataclasses.replace(_greedy_lowrank(Pc, Pt, eye, v_c, v_t, same, wt, k, s2, Xc, min_km, "vecchia"),
                                weight_cov=None)

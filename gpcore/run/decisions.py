@@ -22,6 +22,7 @@ import pandas as pd
 
 from gpcore import decide
 from gpcore.errors import GPCoreError
+from gpcore.models import Prediction
 from gpcore.run import grid_joint, rundir
 from gpcore.run.predict import place_inputs  # noqa: F401 - the places' model inputs, shared with grid_joint
 
@@ -294,9 +295,15 @@ def target_mask(model, grid, target: str, *, threshold: float | None = None, uni
 def suggest(model, grid, mask, k: int, *, candidates=None, t: float | None = None, **kwargs) -> decide.Suggestion:
     """Greedy picks among ``candidates`` (a frame with lon, lat; default the grid cells) that most reduce the
     mean latent variance over the masked grid cells (:func:`gpcore.decide.suggest`); for a run with time as an
-    input, measurements and targets at the decimal year ``t``."""
+    input, measurements and targets at the decimal year ``t``. The grid's stored marginals (the grid at the quarter
+    of ``t``) serve as the cells' marginal variances, as for the exceedance map."""
     X = place_inputs(grid, t, getattr(model, "d_", None))
     Xc = X if candidates is None else place_inputs(candidates, t, getattr(model, "d_", None))
+    stored = stored_prediction(model, grid)
+    if stored is not None:
+        kwargs.setdefault("target_pred", Prediction(stored.mean[mask], stored.var_f[mask], stored.var_y[mask]))
+        if candidates is None:
+            kwargs.setdefault("pred", stored)
     return decide.suggest(model, Xc, X[mask], k=k, **kwargs)
 
 

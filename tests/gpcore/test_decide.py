@@ -37,6 +37,7 @@ SETTINGS = {
     "dbk": dict(rank=10, hidden=8, epochs=3),
     "svgp": dict(num_inducing=6, epochs=3),
     "exact": dict(epochs=5),
+    "vecchia": dict(epochs=3, neighbors=10),
 }
 _CACHE: dict = {}
 
@@ -247,6 +248,38 @@ def test_min_spacing(data):
     assert (d[~np.eye(len(P), dtype=bool)] >= 15.0).all()
     with pytest.raises(InputError, match="k=0"):
         suggest(model, grid, k=0)
+
+
+def test_vecchia_engine_takes_known_marginals_instead_of_predicting(data, monkeypatch):
+    """A run's stored marginals (``pred`` / ``target_pred``) give the same picks and variances as predicting them,
+    and nothing is predicted; bad ones are refused by name."""
+    model = copy.deepcopy(fitted("vecchia", data))
+    grid = data[2]
+    targets = grid[::2]
+    want = {"some": suggest(model, grid, targets, k=4), "all": suggest(model, grid, None, k=4)}
+    pred, target_pred = model.predict(grid), model.predict(targets)
+
+    def refuse(*a, **k):
+        raise AssertionError("predicted again")
+    monkeypatch.setattr(model, "predict_scaled", refuse)
+    got = {"some": suggest(model, grid, targets, k=4, pred=pred, target_pred=target_pred),
+           "all": suggest(model, grid, None, k=4, pred=pred)}
+    for key, g in got.items():
+        w = want[key]
+        assert g.engine == "vecchia"
+        np.testing.assert_array_equal(g.index, w.index)
+        np.testing.assert_allclose(g.reduction, w.reduction, rtol=1e-9)
+        np.testing.assert_allclose(g.var_after_targets, w.var_after_targets, rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(g.var_after_candidates, w.var_after_candidates, rtol=1e-9, atol=1e-15)
+        assert g.mean_var_before == pytest.approx(w.mean_var_before, rel=1e-12)
+    with pytest.raises(AssertionError, match="predicted again"):  # targets' marginals unknown: predicted
+        suggest(model, grid, targets, k=2, pred=pred)
+    with pytest.raises(InputError, match="pred: var_f must be 54"):
+        suggest(model, grid, targets, k=2, pred=target_pred, target_pred=target_pred)
+    bad = copy.deepcopy(target_pred)
+    bad.var_f[0] = -1.0
+    with pytest.raises(InputError, match="target_pred: var_f must be 27 finite non-negative"):
+        suggest(model, grid, targets, k=2, pred=pred, target_pred=bad)
 
 
 def test_joint_caveat_names_predictive_objectives(data):

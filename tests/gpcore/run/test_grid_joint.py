@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gpcore.models.vecchia_joint as VJ
-from gpcore import make_model
+from gpcore import decide, make_model
 from gpcore.cli import main
 from gpcore.run import decisions, grid_joint, rundir
 from tests.gpcore.test_cli_time import FAST, write_spacetime_csv
@@ -234,3 +234,22 @@ def test_neighbours_beyond_the_training_rows_are_refused(fitted):
     t["T"] = t["T"] + 10_000
     with pytest.raises(ValueError, match="beyond"):
         model.keep_joint(Xs, VJ.VecchiaJoint.from_tensors(t, joint.n))
+
+
+@pytest.mark.parametrize("key", ["vecchia", "vecchia-weighted", "dbk-nn"])
+def test_suggestions_on_the_runs_grid_take_its_stored_marginals(runs, key, monkeypatch):
+    """The Vecchia engine's marginal variances come from the grid's stored marginals, not a new prediction of every
+    cell, and give what predicting them gives."""
+    run = decisions.open_run(runs[key])
+    X = decisions.place_inputs(run.grid, run.t, run.model.d_)
+    mask = run.grid["lon"].to_numpy() < np.median(run.grid["lon"])
+    want = decide.suggest(run.model, X, X[mask], k=3)
+
+    def refuse(*a, **k):
+        raise AssertionError("predicted again")
+    monkeypatch.setattr(run.model, "predict_scaled", refuse)
+    got = decisions.suggest(run.model, run.grid, mask, 3)
+    np.testing.assert_array_equal(got.index, want.index)
+    np.testing.assert_allclose(got.reduction, want.reduction, rtol=1e-6)
+    np.testing.assert_allclose(got.var_after_targets, want.var_after_targets, rtol=1e-6, atol=1e-12)
+    assert got.mean_var_before == pytest.approx(want.mean_var_before, rel=1e-6)
