@@ -139,9 +139,11 @@ def lattice_order(X: np.ndarray) -> np.ndarray:
     n, d = X.shape
     if d > 3:
         return maxmin_order(X)
-    lo = X.min(0) if n else np.zeros(d)
-    span = float((X.max(0) - lo).max()) if n else 0.0
-    if n < 2 or span <= 0.0:  # one row, or every row the same point
+    if n < 2:
+        return np.arange(n, dtype=np.int64)
+    lo = X.min(0)
+    span = float((X.max(0) - lo).max())
+    if span <= 0.0:  # every row the same point
         return np.arange(n, dtype=np.int64)
     bits = min(30, 63 // d)
     q = np.clip(np.floor((X - lo) * (2.0**bits / span)).astype(np.int64), 0, 2**bits - 1)
@@ -174,7 +176,7 @@ def lattice_order(X: np.ndarray) -> np.ndarray:
             break
     rest = perm[~taken]  # rows sharing the finest square with a taken row (duplicates)
     out.append(np.sort(rest))
-    return np.concatenate(out).astype(np.int64)
+    return np.concatenate(out)
 
 
 def coord_order(X: np.ndarray) -> np.ndarray:

@@ -10,14 +10,19 @@ import pytest
 from gpcore.models.neighbors import lattice_order, maxmin_order
 
 
+def _finest_squares(X: np.ndarray):
+    """``(lo, span, bits, q)``: the bounding square's corner and side, the finest level and each row's integer square
+    coordinates there (``n x d``)."""
+    lo, bits = X.min(0), min(30, 63 // X.shape[1])
+    span = float((X.max(0) - lo).max())
+    return lo, span, bits, np.clip(np.floor((X - lo) * (2.0**bits / span)).astype(np.int64), 0, 2**bits - 1)
+
+
 def _lattice_levels(X: np.ndarray) -> tuple[list[set[int]], list[int]]:
     """The rows each level takes, by the definition (a dictionary of squares per level, no sorting tricks), and the
     rows no level takes (duplicates of taken rows), by index."""
-    n, d = X.shape
-    lo = X.min(0)
-    span = float((X.max(0) - lo).max())
-    bits = min(30, 63 // d)
-    q = np.clip(np.floor((X - lo) * (2.0**bits / span)).astype(np.int64), 0, 2**bits - 1)
+    n = X.shape[0]
+    lo, span, bits, q = _finest_squares(X)
     taken: set[int] = set()
     levels = []
     for level in range(bits + 1):
@@ -42,8 +47,7 @@ def _lattice_levels(X: np.ndarray) -> tuple[list[set[int]], list[int]]:
 def _morton(X: np.ndarray) -> np.ndarray:
     """Each row's Morton (Z-order) code at the finest level: bit b of coordinate j at position b d + j."""
     n, d = X.shape
-    lo, span, bits = X.min(0), float((X.max(0) - X.min(0)).max()), min(30, 63 // d)
-    q = np.clip(np.floor((X - lo) * (2.0**bits / span)).astype(np.int64), 0, 2**bits - 1)
+    _, _, bits, q = _finest_squares(X)
     return np.array([sum(((int(q[i, j]) >> b) & 1) << (b * d + j) for b in range(bits) for j in range(d))
                      for i in range(n)], dtype=object)
 
