@@ -3,7 +3,9 @@
 Puerto Rico 2023 and Missouri 2020Q4 (bundled samples, log10 download Mbps, the ``tests`` weights) are cut into 10
 km blocks and split by whole blocks (:func:`gpcore.data.block_split`, 8:1:1 by tiles; the project's own
 ``RunConfig(split="block")``). Each model is fitted on the training blocks with early stopping on the validation
-blocks, with its defaults; the held-out blocks of several seeded splits (``--seeds``) are pooled, since one split of
+blocks, with its defaults and what a block-split run adds (``vecchia`` and ``dbk-nn``: the latent scale
+cross-validated on 10 km blocks, :func:`_harness.run_defaults`); the held-out blocks of several seeded splits
+(``--seeds``) are pooled, since one split of
 Puerto Rico holds only about a dozen scorable blocks. For every held-out (test) block with at least ``--min-tiles``
 tiles the model predicts the *average* of its tiles' latent values from its joint posterior
 (:func:`gpcore.posterior.joint_posterior`, ``linear``: mean ``a^T mu`` and variance ``a^T Sigma a`` with ``a = 1 /
@@ -30,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _harness import add_race_args, fit_predict, report, smoke_settings, start, stderr
+from _harness import add_race_args, fit_predict, report, run_defaults, smoke_settings, start, stderr
 from bench_race import dataset_config
 
 from gpcore import metrics as M
@@ -75,7 +77,7 @@ def areas_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fa
     wkw = {} if w is None else {"weights": w[tr], "val_weights": w[va], "test_weights": w[te]}
     out = {}
     for name in models:
-        settings = {**(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
+        settings = {**run_defaults(name, cfg), **(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         model = r["model"]
         pred = model.predict(X[te], weights=w[te] if r["weighted"] else None)

@@ -3,7 +3,9 @@
 For each data set the project's own data path (:func:`gpcore.run.pipeline.prepare` on a :class:`RunConfig`) gives the
 seeded random 8:1:1 split (``--split block``: whole ``--block-km`` squares); each ``--models`` model
 (default vecchia,dbk-nn,dbk-rbf; a name the registry does not have is skipped with a message) is fitted on the
-training rows with early stopping on the validation rows, and GPBoost's Vecchia GP (Matérn-3/2, 30 neighbours,
+training rows with early stopping on the validation rows, with the settings a run of that split gives it
+(``vecchia``, ``dbk-nn``: the latent scale cross-validated on folds like the split, :func:`_harness.run_defaults`),
+and GPBoost's Vecchia GP (Matérn-3/2, 30 neighbours,
 package defaults, a constant fixed effect; ``pip install gpboost``, never a gpcore dependency) as its users fit it:
 on every labelled row the gpcore models were given, training and validation rows together. All are scored on the
 same test rows. One row per (data set, model): test NLL, its differences to GPBoost's unweighted and weighted
@@ -64,6 +66,7 @@ from _harness import (
     feature_check_text,
     fit_predict,
     report,
+    run_defaults,
     shared_data,
     smoke_settings,
     start,
@@ -214,7 +217,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
     rows = []
     wkw = {} if w is None else {"weights": w[tr], "val_weights": w[va], "test_weights": w[te]}
     for name in models:
-        settings = {**(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
+        settings = {**run_defaults(name, cfg), **(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))

@@ -1,7 +1,8 @@
 """Issue 14's bar: weighted vs unweighted models per measurement-count bin, and recalibration per stratum.
 
 ``weights`` mode fits each model twice on one seeded 8:1:1 split (without and with the weight column,
-``recalibrate="none"``), scores every test row with its own count, and reports NLL and 95 % coverage
+``recalibrate="none"``; ``vecchia`` and ``dbk-nn`` with the latent scale a random-split run cross-validates),
+scores every test row with its own count, and reports NLL and 95 % coverage
 overall and per count bin (1, 2-4, 5-16, >16) with two binomial standard errors; then the same
 models after per-stratum recalibration on the validation split. ``recal`` mode reports coverage per
 stratum without recalibration, with one global scale and with one scale per stratum.
@@ -32,7 +33,7 @@ import pandas as pd
 from gpcore import make_model
 from gpcore import metrics as M
 from gpcore.run.config import RunConfig
-from gpcore.run.pipeline import prepare
+from gpcore.run.pipeline import cv_settings, prepare
 
 
 def _row(label, mean, var_y, y):
@@ -61,10 +62,10 @@ def _strata(mean, var_y, y, g):
     return rows
 
 
-def _fit(name, prep, settings, weighted: bool):
+def _fit(name, prep, settings, weighted: bool, cfg):
     tr, va = prep.train_idx, prep.val_idx
     kw = {"weights": prep.weights[tr], "val_weights": prep.weights[va]} if weighted else {}
-    model = make_model(name, **{"seed": 0, **settings})
+    model = make_model(name, **{"seed": 0, **cv_settings(cfg, type(make_model(name))), **settings})
     t0 = time.perf_counter()
     model.fit(prep.X[tr], prep.y[tr], prep.X[va], prep.y[va], **kw)
     return model, time.perf_counter() - t0
@@ -79,7 +80,7 @@ def run_weights(cfg: RunConfig, models, settings, log=print) -> pd.DataFrame:
     rows = []
     for name in models:
         for weighted in (False, True):
-            model, secs = _fit(name, prep, settings.get(name, {}), weighted)
+            model, secs = _fit(name, prep, settings.get(name, {}), weighted, cfg)
             pred = model.predict(prep.X[te], weights=w_te if weighted else None)
             variant = "weighted" if weighted else "unweighted"
             for r in _bins(pred.mean, pred.var_y, y_te, w_te, cfg.weight):
@@ -104,7 +105,7 @@ def run_recal(cfg: RunConfig, models, settings, log=print) -> pd.DataFrame:
     log(f"{cfg.data}: train/val/test {len(prep.train_idx)}/{len(va)}/{len(te)}")
     rows = []
     for name in models:
-        model, secs = _fit(name, prep, settings.get(name, {}), False)
+        model, secs = _fit(name, prep, settings.get(name, {}), False, cfg)
         for kind in ("none", "global", "group"):
             if kind != "none":
                 model.recalibrate(prep.X[va], prep.y[va], val_groups=g_va, kind=kind)

@@ -77,7 +77,7 @@ from torch import nn
 
 from gpcore.comm import count_once, reduce_stats_, splits_terms
 from gpcore.models import spacetime as st
-from gpcore.models import training
+from gpcore.models import training, vecchia_cv
 from gpcore.models.config import setting
 from gpcore.models.dbk import DBK, DBKConfig, DBKModule
 from gpcore.models.dbknn_grad import frozen_feature_pass
@@ -455,7 +455,7 @@ class DBKNN(VecchiaGP):
             q = a * (phi - combine_rows(t, N, Phi))
             vars_.append((q @ F).pow(2).sum(-1) + mod.outputscale.double() - l_row.pow(2).sum(-1))
         dt = mod.raw_noise.dtype
-        return torch.cat(means).to(dt), torch.cat(vars_).to(dt)
+        return torch.cat(means).to(dt), torch.cat(vars_).to(dt) * vecchia_cv.latent_scale(self)
 
     def _after_conditioning(self, n0: int) -> None:
         """New conditioning rows: the posterior of ``w`` and the residuals ``e`` over all rows (no refit)."""
@@ -470,8 +470,8 @@ class DBKNN(VecchiaGP):
         mod = self.module_
         if not mod.features_on:
             return None
-        a = mod.fscale.double()
-        return a * self._phi_train(), lambda Xs: a * self._phi_of(Xs), mod.post_m.double(), mod.post_F.double()
+        a, F = mod.fscale.double(), mod.post_F.double() * vecchia_cv.latent_scale(self) ** 0.5  # the calibrated F
+        return a * self._phi_train(), lambda Xs: a * self._phi_of(Xs), mod.post_m.double(), F
 
     # ---------------------------------------------------------------- kernel, persistence
     def _kernel_s(self, x1, x2):

@@ -34,6 +34,9 @@ Prediction: each new point conditions on its ``pred_neighbors`` (default ``3m/2`
 ``mean = mu0 + k_xN (K_NN + s2 I)^{-1} (y_N - mu0)``, ``var_f = k_xx - k_xN (K_NN + s2 I)^{-1} k_Nx``,
 ``var_y = var_f + s2`` (exact GP prediction when ``pred_neighbors >= n``).
 
+Calibration (``cv_calibration``, off unless a run picks it by its split): every latent variance and covariance times
+the cross-validated scale of :mod:`gpcore.models.vecchia_cv` (docs/calibration.md).
+
 Joint posterior: no feature form; the joint posterior of many new places is the response-first joint Vecchia
 prediction of :mod:`gpcore.models.vecchia_joint` (new places after the training points, in ``joint_ordering``, each
 conditioned on its ``pred_neighbors`` (default ``m``) nearest training points and its ``joint_neighbors`` nearest
@@ -46,7 +49,6 @@ Saved state: hyperparameters, ordered training inputs and targets (scaled), orde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -55,62 +57,16 @@ from torch import nn
 
 from gpcore.errors import InputError
 from gpcore.models import spacetime as st
+from gpcore.models import vecchia_cv
 from gpcore.models.base import GPModel
-from gpcore.models.config import setting
 from gpcore.models.hyper import SoftplusHyperparameters
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_weights
-from gpcore.models.kernels import KERNEL_NAMES, group_kernel
+from gpcore.models.kernels import group_kernel
 from gpcore.models.linalg import LOG_2PI, VecchiaRow, inv_softplus, psd_safe_cholesky
-from gpcore.models.neighbors import ORDERINGS, NearestIndex, coord_order, maxmin_order, ordered_neighbors
+from gpcore.models.neighbors import NearestIndex, coord_order, maxmin_order, ordered_neighbors
 from gpcore.models.registry import register
 from gpcore.models.terms import current_terms, subsampled
-
-
-@dataclass(frozen=True)
-class VecchiaConfig(st.SpaceTimeConfig):
-    """Vecchia GP settings. Reference (GPBoost / GpGp practice): Matérn-3/2, m = 30 neighbours, maxmin ordering,
-    maximum likelihood. Default: Matérn-1/2 (better test NLL on every data set measured,
-    docs/benchmarks/settings.md), m = 30, maxmin, full-batch L-BFGS stopped on the validation NLL, prediction from the
-    3m/2 nearest training points (GPBoost: 2m; the joint posterior from m: docs/methods/vecchia.md)."""
-
-    kernel: str = setting("matern12", help="base kernel (Matérn-1/2: measured best on our data sets; GPBoost's "
-                                           "default is matern32)", choices=KERNEL_NAMES, main=True)
-    neighbors: int = setting(30, help="m: nearest previously-ordered neighbours per training point", min=1, main=True)
-    pred_neighbors: int = setting(0, help="nearest training points per prediction (0 = 3/2 x neighbors for marginal "
-                                  "predictions; neighbors for the joint posterior)", min=0)
-    ordering: str = setting("maxmin", help="training-point ordering", choices=ORDERINGS)
-    ard: bool = setting(True, help="one lengthscale per input dimension")
-    lengthscale_init: float = setting(0.0, help="initial lengthscale (inputs live in [-1, 1]); 0 = median distance "
-                                      "to the m-th nearest neighbour", min=0.0)
-    outputscale_init: float = setting(0.0, help="initial outputscale; 0 = the target variance less the initial noise",
-                                      min=0.0)
-    noise_init: float = setting(0.0, help="initial noise variance (standardised units); 0 = the semivariance of "
-                                "nearest neighbours", min=0.0)
-    noise_floor: float = setting(1e-6, help="lower bound of the noise variance", min=0.0)
-    learn_mean: bool = setting(True, help="learn a constant prior mean")
-    chunk_size: int = setting(512, help="points per batched Cholesky (small chunks stay in cache)", min=1)
-    optimizer: str = setting("lbfgs", help="'lbfgs' (one L-BFGS iteration with a line search per epoch) or 'adam'",
-                             choices=("lbfgs", "adam"), main=True)
-    lbfgs_history: int = setting(10, help="L-BFGS curvature pairs kept", min=1)
-    lbfgs_tolerance: float = setting(1e-6, help="stop once an L-BFGS iteration changes the training loss by less "
-                                     "than this fraction (GPBoost's delta_rel_conv)", min=0.0)
-    epochs: int = setting(100, help="full-batch steps (L-BFGS iterations or Adam steps)", min=1, main=True)
-    lr: float = setting(0.05, help="Adam learning rate (L-BFGS starts its line search from a unit step)", min=0.0,
-                        min_inclusive=False, main=True)
-    patience: int = setting(10, help="iterations without a min_improvement gain (raise both for adam)", min=1)
-    min_improvement: float = setting(1e-3, help="validation-NLL gain that resets patience; also the kept state's "
-                                                "tolerance", min=0.0)
-    likelihood_points: int = setting(250_000, help="fit the hyperparameters on the likelihood terms of at most this "
-                                     "many training points (a seeded subset, full neighbour sets; 0 = all)", min=0)
-    likelihood_fraction: float = setting(1.0, help="fit on this fraction of the training points' terms (at least "
-                                         "20,000, at most likelihood_points; 1 = up to likelihood_points)", min=0.0,
-                                         max=1.0, min_inclusive=False)
-    condition_on_validation: bool = setting(True, help="after training, add the validation rows to the posterior's "
-                                            "conditioning set (hyperparameters unchanged, no refit)")
-    joint_neighbors: int = setting(15, help="joint posterior (areas, samples, suggestions): nearest earlier new "
-                                   "places each new place conditions on, beside its training neighbours", min=0)
-    joint_ordering: str = setting("lattice", help="joint posterior: order of the new places (lattice: coarse-to-fine "
-                                  "squares; maxmin: exact max-min, slower)", choices=("lattice", "maxmin"))
+from gpcore.models.vecchia_config import VecchiaConfig
 
 
 class VecchiaModule(SoftplusHyperparameters, nn.Module):
@@ -333,14 +289,15 @@ class VecchiaGP(GPModel):
     # ---------------------------------------------------------------- every labelled row in the posterior
     def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, **kw):
         """:meth:`GPModel.fit`, then (``condition_on_validation``) :meth:`condition_on` the validation rows: they
-        stop training and pick the feature check and the recalibration first, then join the posterior."""
+        stop training and pick the feature check and the recalibration first, then join the posterior; then the
+        ``cv_calibration`` scale over every conditioning row (:func:`gpcore.models.vecchia_cv.calibrate`)."""
         super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, **kw)
-        if self.config.condition_on_validation and X_val is not None and len(X_val) and not self._cancelled():
+        cancelled = bool(self.train_info_.get("cancelled"))
+        if self.config.condition_on_validation and X_val is not None and len(X_val) and not cancelled:
             self.condition_on(X_val, y_val, weights=val_weights)
+        if self.config.cv_calibration != "none" and not cancelled:
+            vecchia_cv.calibrate(self)
         return self
-
-    def _cancelled(self) -> bool:
-        return bool(self.train_info_.get("cancelled"))
 
     def condition_on(self, X, y, weights=None):
         """Add labelled rows ``X`` (``n x d``), ``y`` to the posterior's conditioning set, hyperparameters unchanged.
@@ -431,7 +388,7 @@ class VecchiaGP(GPModel):
             means.append(st.prior_mean(mod, x) + (l_row * v[:, :-1]).sum(-1))
             vars_.append(mod.outputscale.double() - l_row.pow(2).sum(-1))
         dt = mod.raw_noise.dtype
-        return torch.cat(means).to(dt), torch.cat(vars_).to(dt)
+        return torch.cat(means).to(dt), torch.cat(vars_).to(dt) * vecchia_cv.latent_scale(self)
 
     # ---------------------------------------------------------------- kernel, persistence
     def _kernel_s(self, x1, x2):

@@ -255,6 +255,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     """
     from gpcore.models.neighbors import lattice_order, maxmin_order, ordered_neighbors
     from gpcore.models.spacetime import metric_coords, prior_mean  # space-time: docs/methods/spacetime.md
+    from gpcore.models.vecchia_cv import latent_scale
 
     mod = model.module_
     cfg = model.config
@@ -308,7 +309,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
                        (np.concatenate([rows[keep], np.arange(n)]), np.concatenate([cols[keep], np.arange(n)]))),
                       shape=(n, n))
     U.sum_duplicates()
-    joint = VecchiaJoint(order, U, d.cpu().numpy(), np.zeros(n))
+    joint = VecchiaJoint(order, U, d.cpu().numpy() * latent_scale(model), np.zeros(n))  # cv_calibration's scale
     g = joint._to_caller(joint._solve(c.cpu().numpy()[:, None]))[:, 0]
     mean = prior_mean(mod, Xs).detach().cpu().numpy() + g  # mu0 (+ b t with a time trend)
     if lowrank is not None:

@@ -242,11 +242,14 @@ def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
     forecast split never ``"none"``: ``"group"`` with strata, else ``"global"`` (its validation quarter is a
     one-quarter-ahead forecast, whose error has a part no earlier quarter shows, and not equally in every stratum:
     docs/methods/spacetime.md, "The forecast split"); plus
-    ``space_time="separable"`` for a ``time_input`` run of a model that has that setting and no value for it."""
+    ``space_time="separable"`` for a ``time_input`` run of a model that has that setting and no value for it; plus
+    :func:`cv_settings`."""
     from gpcore.models import model_spec
 
     settings = cfg.model_settings()
     cls = model_spec(cfg.model).cls
+    for key, value in cv_settings(cfg, cls).items():
+        settings.setdefault(key, value)
     if cfg.time_input and "space_time" in cls.Config.field_names():
         settings.setdefault("space_time", "separable")
     if "recalibrate" not in settings:
@@ -320,6 +323,18 @@ def check_finite_model(model, pred) -> None:
             f"training did not produce a finite model ({what}); lower the learning rate (lr), check the target's "
             "scale (rescale huge values or use a log transform) or use dtype='float64'; no run was written"
         )
+
+
+def cv_settings(cfg: RunConfig, cls) -> dict:
+    """The cross-validated latent scale a spatial run gives a model with the ``cv_calibration`` setting
+    (``vecchia``, ``dbk-nn``; docs/calibration.md, "The latent scale from cross-validation"): folds like the run's
+    test split, rows for a random split, ``block_km`` squares for a block split. None for a ``time_input`` run or a
+    forecast split (their folds would be quarters) or another model."""
+    if "cv_calibration" not in cls.Config.field_names() or cfg.time_input or cfg.split not in ("random", "block"):
+        return {}
+    if cfg.split == "random":
+        return {"cv_calibration": "rows"}
+    return {"cv_calibration": "blocks", "cv_block_km": float(cfg.block_km)}
 
 
 def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData | None = None, log=None,
