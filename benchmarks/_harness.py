@@ -104,6 +104,15 @@ def feature_check_text(model) -> str:
             f"{check['residual_only']:.4f} without, features {'kept' if check['kept'] else 'dropped'}")
 
 
+def cv_text(model) -> str:
+    """``"; latent scale 0.70 ..."`` for a model calibrated by cross-validation (``cv_calibration``), else ``""``."""
+    cv = getattr(model, "train_info_", {}).get("cv_calibration")
+    if not cv:
+        return ""
+    return (f"; latent scale {cv['scale']:.3f} from {cv['folds']} folds (cross-validated coverage "
+            f"{100 * cv['coverage_before']:.1f} -> {100 * cv['coverage_after']:.1f} %)")
+
+
 def warm_up_torch() -> None:
     """torch imports torch._dynamo (seconds) the first time an optimizer is built: pay it outside the timings."""
     import torch

@@ -63,6 +63,7 @@ import pandas as pd
 import torch
 from _harness import (
     add_race_args,
+    cv_text,
     feature_check_text,
     fit_predict,
     report,
@@ -222,7 +223,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         wlabel = cfg.weight if r["weighted"] else "-"
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
-               f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]))
+               f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]) + cv_text(r["model"]))
         if z is not None:
             b = fit_predict(name, settings, X[tr], z[tr], X[va], z[va], X[te], seed=cfg.seed, **wkw)
             rows.append(score_boxcox(lam, floor, key, name, wlabel, b["mean"], b["var_y"], y[te], g_te,
