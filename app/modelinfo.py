@@ -42,18 +42,19 @@ def training_note(manifest: dict) -> str:
     feature check dropped the DBK features is its nearest-neighbour residual GP alone; a vecchia / dbk-nn run's
     intervals carry a cross-validated latent scale (docs/calibration.md)."""
     info = manifest.get("train_info") or {}
-    return " ".join(n for n in (_feature_note(manifest), calibration_note(info.get("cv_calibration"))) if n)
+    notes = [n for n in (_feature_note(manifest), calibration_note(info.get("cv_calibration"))) if n]
+    return " ".join([notes[0], *(n[0].upper() + n[1:] for n in notes[1:])]) if notes else ""
 
 
 def calibration_note(cv: dict | None) -> str:
-    """``"the latent variance is times 0.72 ..."``: the run's cross-validated latent scale (``""`` without one)."""
+    """``"the latent variance is scaled by 0.72 ..."``: the run's cross-validated latent scale (``""`` without one)."""
     if not isinstance(cv, dict) or not isinstance(cv.get("scale"), (int, float)):
         return ""
     folds = f"{cv.get('block_km', 10):g} km blocks of " if cv.get("folds") == "blocks" else ""
     before, after = cv.get("coverage_before"), cv.get("coverage_after")
-    cover = (f" (their 95 % intervals covered {100 * before:.1f} % of the held-out rows, then {100 * after:.1f} %)"
-             if isinstance(before, (int, float)) and isinstance(after, (int, float)) else "")
-    return (f"the latent variance is times {cv['scale']:.3g}, from {cv.get('k', 10)}-fold cross-validation over "
+    cover = (f" (as fitted the 95 % intervals covered {100 * before:.1f} % of the held-out rows, scaled "
+             f"{100 * after:.1f} %)" if isinstance(before, (int, float)) and isinstance(after, (int, float)) else "")
+    return (f"the latent variance is scaled by {cv['scale']:.3g}, from {cv.get('k', 10)}-fold cross-validation over "
             f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}.")
 
 

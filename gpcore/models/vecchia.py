@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpcore.errors import InputError
+from gpcore.errors import ConfigError, InputError
 from gpcore.models import spacetime as st
 from gpcore.models import vecchia_cv
 from gpcore.models.base import GPModel
@@ -290,7 +290,11 @@ class VecchiaGP(GPModel):
     def fit(self, X, y, X_val=None, y_val=None, callback=None, *, weights=None, val_weights=None, **kw):
         """:meth:`GPModel.fit`, then (``condition_on_validation``) :meth:`condition_on` the validation rows: they
         stop training and pick the feature check and the recalibration first, then join the posterior; then the
-        ``cv_calibration`` scale over every conditioning row (:func:`gpcore.models.vecchia_cv.calibrate`)."""
+        ``cv_calibration`` scale over every conditioning row (:func:`gpcore.models.vecchia_cv.calibrate`); not both."""
+        cfg = self.config
+        if cfg.cv_calibration != "none" and cfg.recalibrate != "none":
+            raise ConfigError(f"cv_calibration={cfg.cv_calibration!r} and recalibrate={cfg.recalibrate!r} would both "
+                              "rescale the intervals: set one of them to 'none'")
         super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, **kw)
         cancelled = bool(self.train_info_.get("cancelled"))
         if self.config.condition_on_validation and X_val is not None and len(X_val) and not cancelled:

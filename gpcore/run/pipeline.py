@@ -243,13 +243,11 @@ def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
     one-quarter-ahead forecast, whose error has a part no earlier quarter shows, and not equally in every stratum:
     docs/methods/spacetime.md, "The forecast split"); plus
     ``space_time="separable"`` for a ``time_input`` run of a model that has that setting and no value for it; plus
-    :func:`cv_settings`."""
+    :func:`cv_settings` unless the intervals are recalibrated on the validation rows."""
     from gpcore.models import model_spec
 
     settings = cfg.model_settings()
     cls = model_spec(cfg.model).cls
-    for key, value in cv_settings(cfg, cls).items():
-        settings.setdefault(key, value)
     if cfg.time_input and "space_time" in cls.Config.field_names():
         settings.setdefault("space_time", "separable")
     if "recalibrate" not in settings:
@@ -258,6 +256,9 @@ def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
             kind = "group" if prep.strata is not None else "global"
         if kind != "none" or prep.strata is not None:
             settings["recalibrate"] = kind
+    if settings.get("recalibrate", "none") == "none":  # one calibration of the intervals, not two
+        for key, value in cv_settings(cfg, cls).items():
+            settings.setdefault(key, value)
     return settings
 
 

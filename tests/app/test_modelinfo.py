@@ -48,12 +48,13 @@ def test_a_cross_validated_scale_is_said_after_the_feature_note():
     cv = {"folds": "blocks", "k": 10, "rows": 23792, "coverage_before": 0.9641, "coverage_after": 0.9500,
           "scale": 0.7234, "block_km": 10.0}
     note = training_note({"train_info": {"cv_calibration": cv}})
-    assert note == ("the latent variance is times 0.723, from 10-fold cross-validation over 10 km blocks of the 23,792 "
-                    "rows the model conditions on (their 95 % intervals covered 96.4 % of the held-out rows, then "
-                    "95.0 %).")
+    assert note == ("the latent variance is scaled by 0.723, from 10-fold cross-validation over 10 km blocks of the "
+                    "23,792 rows the model conditions on (as fitted the 95 % intervals covered 96.4 % of the held-out "
+                    "rows, scaled 95.0 %).")
     m = _manifest(kept=False, hybrid_fitted=True)
     m["train_info"]["cv_calibration"] = {**cv, "folds": "rows"}
     both = training_note(m)
     assert both.startswith("the DBK features were dropped")
-    assert "cross-validation over the 23,792 rows the model" in both
+    assert "Vecchia) GP. The latent variance is scaled by 0.723, from 10-fold cross-validation over the 23,792 rows" \
+        in both
     assert training_note({"train_info": {"cv_calibration": {"folds": "rows"}}}) == ""  # no scale: nothing to say

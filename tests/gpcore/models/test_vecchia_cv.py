@@ -158,3 +158,13 @@ def test_a_run_picks_the_folds_by_its_split():
     assert run_model_settings(cfg, prepare(cfg))["cv_calibration"] == "none"  # the user's setting wins
     cfg = run(model="dbk-nn", split="block", block_km=5.0)
     assert run_model_settings(cfg, prepare(cfg))["cv_block_km"] == 5.0
+    cfg = run(model="vecchia", strata="county_metro", settings={"recalibrate": "group"})  # the user asked for it
+    assert "cv_calibration" not in run_model_settings(cfg, prepare(cfg))
+
+
+def test_it_does_not_stack_on_a_validation_recalibration(data):
+    from gpcore.errors import ConfigError
+
+    X, y, _ = data
+    with pytest.raises(ConfigError, match="set one of them to 'none'"):
+        make_model("vecchia", cv_calibration="rows", recalibrate="global").fit(X[:60], y[:60], X[60:], y[60:])
