@@ -48,8 +48,8 @@ def training_note(manifest: dict) -> str:
 
 def calibration_note(cv: dict | None) -> str:
     """``"the latent variance is scaled by 0.72 ..."``: the run's cross-validated latent scale (``""`` without one)."""
-    if not isinstance(cv, dict) or not isinstance(cv.get("scale"), (int, float)):
-        return ""
+    if not isinstance(cv, dict) or not isinstance(cv.get("scale"), (int, float)) or not cv.get("rows"):
+        return ""  # no scale, or nothing could be held out (scale 1)
     folds = f"{cv.get('block_km', 10):g} km blocks of " if cv.get("folds") == "blocks" else ""
     before, after = cv.get("coverage_before"), cv.get("coverage_after")
     cover = (f" (as fitted the 95 % intervals covered {100 * before:.1f} % of the held-out rows, scaled "

@@ -111,17 +111,17 @@ def conformal_scale(r: np.ndarray, v: np.ndarray, s: np.ndarray, level: float = 
 def calibrate(model) -> dict:
     """Fit the latent scale of a fitted model by its ``cv_calibration`` setting; recorded (and returned) in
     ``train_info_["cv_calibration"]``: the folds, the rows, the cross-validated coverage before and after, the
-    scale (unclipped as ``raw_scale``)."""
+    scale (unclipped as ``raw_scale``). Rows all in one fold (one block) leave nothing to hold out: scale 1, 0 rows."""
     cfg = model.config
     model.train_info_.pop("cv_calibration", None)  # predict unscaled
     folds = fold_ids(model, cfg.cv_calibration, cfg.cv_block_km, cfg.seed)
     r, v, s = cv_residuals(model, folds)
     raw = conformal_scale(r, v, s)
-    c = float(np.clip(raw, MIN_SCALE, MAX_SCALE))
-    ok = np.isfinite(r)
+    ok = np.isfinite(r)  # rows whose fold had other folds to predict from (all, unless every row is in one fold)
+    c = float(np.clip(raw, MIN_SCALE, MAX_SCALE)) if ok.any() else 1.0
 
-    def coverage(scale: float) -> float:
-        return float(np.mean(np.abs(r[ok]) <= Z * np.sqrt(scale * v[ok] + s[ok])))
+    def coverage(scale: float) -> float | None:
+        return float(np.mean(np.abs(r[ok]) <= Z * np.sqrt(scale * v[ok] + s[ok]))) if ok.any() else None
 
     info = {"folds": cfg.cv_calibration, "k": FOLDS, "rows": int(ok.sum()), "coverage_before": coverage(1.0),
             "coverage_after": coverage(c), "scale": c, "raw_scale": raw if math.isfinite(raw) else None}

@@ -58,3 +58,4 @@ def test_a_cross_validated_scale_is_said_after_the_feature_note():
     assert "Vecchia) GP. The latent variance is scaled by 0.723, from 10-fold cross-validation over the 23,792 rows" \
         in both
     assert training_note({"train_info": {"cv_calibration": {"folds": "rows"}}}) == ""  # no scale: nothing to say
+    assert training_note({"train_info": {"cv_calibration": {**cv, "rows": 0, "scale": 1.0}}}) == ""  # nothing held out

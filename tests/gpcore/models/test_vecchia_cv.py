@@ -168,3 +168,10 @@ def test_it_does_not_stack_on_a_validation_recalibration(data):
     X, y, _ = data
     with pytest.raises(ConfigError, match="set one of them to 'none'"):
         make_model("vecchia", cv_calibration="rows", recalibrate="global").fit(X[:60], y[:60], X[60:], y[60:])
+
+
+def test_rows_all_in_one_block_leave_the_scale_at_one(data):
+    X, y, _ = data
+    model = make_model("vecchia", cv_calibration="blocks", cv_block_km=500.0, epochs=2, neighbors=8).fit(X, y)
+    info = model.train_info_["cv_calibration"]
+    assert info["rows"] == 0 and info["scale"] == 1.0 and info["coverage_before"] is None
