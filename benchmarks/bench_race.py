@@ -235,7 +235,8 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
             model = r["model"]
             kind = args.recalibrate if g is not None else "global"
             if "conditioned_on" in model.train_info_:  # vecchia, dbk-nn: recalibrate before the validation rows join
-                r = fit_predict(name, {**settings, "recalibrate": kind}, X[tr], y[tr], X[va], y[va], X[te],
+                base = {k: v for k, v in settings.items() if not k.startswith("cv_")}  # as a run: one calibration
+                r = fit_predict(name, {**base, "recalibrate": kind}, X[tr], y[tr], X[va], y[va], X[te],
                                 seed=cfg.seed, val_groups=g[va] if g is not None else None, test_groups=g_te, **wkw)
                 model, p = r["model"], r
             else:
