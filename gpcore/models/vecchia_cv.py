@@ -72,7 +72,8 @@ def fold_ids(model, kind: str, block_km: float, seed: int) -> np.ndarray:
 @torch.no_grad()
 def cv_residuals(model, folds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(r, v, s)`` per ordered conditioning row, in caller units: the residual of its prediction from the rows of
-    the other folds, its latent variance (unscaled) and its noise variance (its own weight)."""
+    the other folds, its latent variance (times the model's scale if it has one: :func:`calibrate` removes it first)
+    and its noise variance (its own weight)."""
     mod = model.module_
     X, n = caller_inputs(model), mod.X_train.shape[0]
     y = mod.y_train.double().cpu().numpy() * model.y_std_ + model.y_mean_
