@@ -209,9 +209,12 @@ def render(data: cache.LoadedData, runs: list) -> None:
                      hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
+        cv = sorted({names[i.run_id] for i in infos
+                     if ((i.manifest.get("train_info") or {}).get("cv_calibration") or {}).get("rows")})
+        how = [f"{', '.join(recal)}: variances rescaled on the validation split"] if recal else []
+        how += [f"{', '.join(cv)}: latent variance scaled by cross-validation over the labelled rows"] if cv else []
         st.subheader("Without recalibration")
-        st.caption(f"{', '.join(recal)}: variances rescaled per stratum on the validation split (the tables above); "
-                   "here the same test rows before that.")
+        st.caption(f"{'; '.join(how)} (the tables above); here the same test rows before that.")
         st.dataframe(charts.format_metrics(before[["group", "model", "split",
                                                    *[c for c in METRIC_COLS if c in before]]]),
                      hide_index=True, width="stretch", column_config=SPLIT_COLUMN)

@@ -338,6 +338,18 @@ def cv_settings(cfg: RunConfig, cls) -> dict:
     return {"cv_calibration": "blocks", "cv_block_km": float(cfg.block_km)}
 
 
+def uncalibrated_var_y(model, pred, groups=None) -> np.ndarray | None:
+    """``var_y`` of ``pred`` before the model's calibration: the validation recalibration's scale divided out, or the
+    cross-validated latent scale ``c`` of ``vecchia`` / ``dbk-nn`` (``var_y - var_f (1 - 1/c)``, docs/calibration.md);
+    None for a model without either."""
+    if model.recal_:
+        return pred.var_y / model.variance_scale(len(pred.var_y), groups)
+    cv = (getattr(model, "train_info_", None) or {}).get("cv_calibration") or {}
+    if not cv.get("rows"):
+        return None
+    return pred.var_y - pred.var_f * (1.0 - 1.0 / cv["scale"])
+
+
 def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData | None = None, log=None,
                 overwrite: bool = False) -> Path:
     """Run everything for ``cfg`` and write the run directory ``out_dir``. Returns its path.
@@ -380,9 +392,9 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     check_finite_model(model, pred)
     y_te = prep.y[prep.test_idx]
     table = run_metrics(pred.mean, pred.var_y, y_te, st_te, w_te, cfg.weight)
-    if model.recal_:  # the same metrics before recalibration, labelled '<group> (no recalibration)'
-        raw = run_metrics(pred.mean, pred.var_y / model.variance_scale(len(y_te), st_te), y_te, st_te, w_te,
-                          cfg.weight)
+    raw_var = uncalibrated_var_y(model, pred, st_te)
+    if raw_var is not None:  # the same metrics before recalibration, labelled '<group> (no recalibration)'
+        raw = run_metrics(pred.mean, raw_var, y_te, st_te, w_te, cfg.weight)
         raw["group"] = raw["group"] + NO_RECAL
         table = pd.concat([table, raw], ignore_index=True)
     table["fit_seconds"] = fit_s

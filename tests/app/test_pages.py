@@ -160,6 +160,25 @@ def test_compare_draws_violins_for_two_runs(app, store):
     assert not app.dataframe[1].value["group"].str.endswith(" (no recalibration)").any()
 
 
+def test_compare_says_which_runs_were_scaled_by_cross_validation(app, store):
+    """A vecchia run's intervals carry a cross-validated latent scale: its metrics before that scale appear in the
+    "Without recalibration" table, and the caption says how each listed run was calibrated."""
+    from app.state import DatasetSpec
+    from gpcore.run.pipeline import execute_run
+
+    cfg = DatasetSpec().run_config(model="vecchia", settings={"epochs": 2}, seed=0, grid_cell_km=4.0,
+                                   label="vecchia tiny")
+    execute_run(cfg, store / "20240101-000002-000-vecchia")
+    app.run()
+    open_page(app, "compare").run()
+    no_exceptions(app)
+    caption = next(c.value for c in app.caption if "here the same test rows before that" in c.value)
+    assert "variances rescaled on the validation split" in caption  # the dbk runs (per stratum)
+    assert "vecchia" in caption and "latent variance scaled by cross-validation over the labelled rows" in caption
+    before = app.dataframe[2].value
+    assert before["model"].str.startswith("vecchia").any() and before["group"].str.endswith(" (no recalibration)").all()
+
+
 def test_export_page_offers_every_download(app, store):
     app.run()
     open_page(app, "export").run()

@@ -119,6 +119,29 @@ def test_vecchia_runs_do_not_recalibrate_unless_asked(csv_file, tmp_path, settin
     manifest = json.loads((execute_run(cfg, tmp_path / "v") / "run.json").read_text())
     assert manifest["model_config"]["recalibrate"] == expect
     assert bool(manifest["recalibration"]) == (expect == "group")
+    # without recalibration the run's cross-validated latent scale (rows folds: a random split); one or the other
+    assert (manifest["model_config"]["cv_calibration"] == "rows") == (expect == "none")
+    assert bool(manifest["train_info"].get("cv_calibration")) == (expect == "none")
     groups = {m["group"] for m in manifest["metrics"]}
-    assert ("all" + NO_RECAL in groups) == (expect == "group")
+    assert "all" + NO_RECAL in groups  # the metrics before either calibration are reported too
     assert manifest["train_info"]["conditioned_on"]["validation"] == manifest["data"]["n_val"]
+
+
+@pytest.mark.parametrize("split", ["random", "block"])
+def test_a_vecchia_run_reports_its_metrics_before_the_cross_validated_scale(csv_file, tmp_path, split):
+    """The run's test rows scored with ``var_y - var_f (1 - 1/c)``: the intervals before the latent scale."""
+    from gpcore import metrics as M
+
+    cfg = dataclasses.replace(_cfg(csv_file, weight="tests", split=split, block_km=2.0), model="vecchia",
+                              settings={"epochs": 3})
+    out = execute_run(cfg, tmp_path / "v")
+    manifest = json.loads((out / "run.json").read_text())
+    cv = manifest["train_info"]["cv_calibration"]
+    assert cv["folds"] == {"random": "rows", "block": "blocks"}[split] and cv["rows"] == manifest["data"]["n_train"] \
+        + manifest["data"]["n_val"]
+    test = pd.read_parquet(out / "test_predictions.parquet")
+    raw = test["var_y"] - test["var_f"] * (1 - 1 / cv["scale"])
+    groups = {m["group"]: m for m in manifest["metrics"]}
+    np.testing.assert_allclose(groups["all" + NO_RECAL]["nll"], M.nll(test["mean"], raw, test["y"]), rtol=1e-9)
+    np.testing.assert_allclose(groups["all"]["nll"], M.nll(test["mean"], test["var_y"], test["y"]), rtol=1e-9)
+    assert groups["all"]["nll"] != groups["all" + NO_RECAL]["nll"]
