@@ -175,3 +175,17 @@ def test_rows_all_in_one_block_leave_the_scale_at_one(data):
     model = make_model("vecchia", cv_calibration="blocks", cv_block_km=500.0, epochs=2, neighbors=8).fit(X, y)
     info = model.train_info_["cv_calibration"]
     assert info["rows"] == 0 and info["scale"] == 1.0 and info["coverage_before"] is None
+
+
+def test_the_grid_search_gives_the_same_held_out_predictions(data, monkeypatch):
+    """On a GPU the neighbour index is the grid search (gpcore/models/grid_search.py); forced on the CPU here."""
+    from gpcore.models import neighbors
+
+    model = fit("vecchia", data, full=False, neighbors=8)
+    folds = cv.fold_ids(model, "blocks", 5.0, seed=2)
+    kd = cv.cv_residuals(model, folds)
+    monkeypatch.setattr(neighbors, "SEARCH", "grid")
+    assert neighbors.NearestIndex(np.zeros((3, 2))).grid is not None  # the fold's index is the grid search now
+    grid = cv.cv_residuals(model, folds)
+    for a, b in zip(kd, grid, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
