@@ -85,10 +85,10 @@ def _run_label(info, data_hash: str) -> str:
     created = (m.get("created") or "")[:16].replace("T", " ")
     nll = next((r.get("nll") for r in m.get("metrics", []) if r.get("group") == "all"), None)
     bits = [info.model]
+    if nll is not None:  # before the date: the narrow sidebar cuts a long label's end
+        bits.append(f"NLL {nll:.3f}")
     if created:
         bits.append(created)
-    if nll is not None:
-        bits.append(f"NLL {nll:.3f}")
     tag = " (bundled)" if info.bundled else ""
     other = "" if info.data_hash == data_hash else " [other data]"
     return " · ".join(bits) + tag + other

@@ -138,3 +138,14 @@ def test_two_runs_with_the_same_label_stay_apart_in_the_picker(app, store):
         app.run()  # a later rerun keeps it
         assert app.sidebar.selectbox(key="w_sidebar_run").value == rid
     assert cache.unique_labels({"a": "x", "b": "x", "c": "y"}) == {"a": "x · a", "b": "x · b", "c": "y"}
+
+
+def test_the_run_picker_shows_each_runs_test_nll_before_its_date(app, store):
+    """The sidebar is narrow and cuts a long option's end: the label reads model, test NLL, then the date."""
+    import re
+
+    app.run()
+    no_exceptions(app)
+    options = app.sidebar.selectbox(key="w_sidebar_run").options
+    label = re.compile(r"^[\w-]+ · NLL -?\d+\.\d{3} · \d{4}-\d\d-\d\d \d\d:\d\d")
+    assert options and all(label.match(o) for o in options), options
