@@ -29,11 +29,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _harness import run_defaults
 
 from gpcore import make_model
 from gpcore import metrics as M
 from gpcore.run.config import RunConfig
-from gpcore.run.pipeline import cv_settings, prepare
+from gpcore.run.pipeline import prepare
 
 
 def _row(label, mean, var_y, y):
@@ -65,7 +66,7 @@ def _strata(mean, var_y, y, g):
 def _fit(name, prep, settings, weighted: bool, cfg):
     tr, va = prep.train_idx, prep.val_idx
     kw = {"weights": prep.weights[tr], "val_weights": prep.weights[va]} if weighted else {}
-    model = make_model(name, **{"seed": 0, **cv_settings(cfg, type(make_model(name))), **settings})
+    model = make_model(name, **{"seed": 0, **run_defaults(name, cfg), **settings})
     t0 = time.perf_counter()
     model.fit(prep.X[tr], prep.y[tr], prep.X[va], prep.y[va], **kw)
     return model, time.perf_counter() - t0

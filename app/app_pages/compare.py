@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from app import cache, charts, state
+from app.modelinfo import calibration_note
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
@@ -209,8 +210,8 @@ def render(data: cache.LoadedData, runs: list) -> None:
                      hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
-        cv = sorted({names[i.run_id] for i in infos
-                     if ((i.manifest.get("train_info") or {}).get("cv_calibration") or {}).get("rows")})
+        cv = sorted({names[i.run_id] for i in infos  # the runs whose training note states a scale
+                     if calibration_note((i.manifest.get("train_info") or {}).get("cv_calibration"))})
         how = [f"{', '.join(recal)}: variances rescaled on the validation split"] if recal else []
         how += [f"{', '.join(cv)}: latent variance scaled by cross-validation over the labelled rows"] if cv else []
         st.subheader("Without recalibration")

@@ -297,9 +297,9 @@ class VecchiaGP(GPModel):
                               "rescale the intervals: set one of them to 'none'")
         super().fit(X, y, X_val, y_val, callback, weights=weights, val_weights=val_weights, **kw)
         cancelled = bool(self.train_info_.get("cancelled"))
-        if self.config.condition_on_validation and X_val is not None and len(X_val) and not cancelled:
+        if cfg.condition_on_validation and X_val is not None and len(X_val) and not cancelled:
             self.condition_on(X_val, y_val, weights=val_weights)
-        if self.config.cv_calibration != "none" and not cancelled:
+        if cfg.cv_calibration != "none" and not cancelled:
             vecchia_cv.calibrate(self)
         return self
 
