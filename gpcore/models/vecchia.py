@@ -377,7 +377,7 @@ class VecchiaGP(GPModel):
     def _predict_f(self, xb):
         mod, idx = self.module_, self._prediction_neighbors(xb)
         k, means, vars_ = idx.shape[1], [], []
-        cs = self.config.chunk_size
+        cs = self.config.prediction_chunk(xb.device.type)
         for i in range(0, xb.shape[0], cs):
             N = idx[i : i + cs]
             x = xb[i : i + cs].double()

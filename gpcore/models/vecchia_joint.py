@@ -271,7 +271,9 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     e = model._joint_residuals()  # training residuals e (ordered training points), float64
     lowrank = model._joint_lowrank()  # (a Phi_T, a Phi_P-function, w_hat, F) or None
     X_tr = mod.X_train
-    cs = max(1, cfg.chunk_size)
+    cs = cfg.prediction_chunk(Xs.device.type)
+    n_tr = X_tr.shape[0]
+    X_all = torch.cat([X_tr.double(), Xo.double()])  # training inputs, then the new places in their ordering
     c = torch.empty(n, dtype=torch.float64, device=Xs.device)
     d = torch.empty(n, dtype=torch.float64, device=Xs.device)
     BP = torch.empty(n, mp, dtype=torch.float64, device=Xs.device)
@@ -281,8 +283,8 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
         T = NT[i : i + cs]
         P = NP[i : i + cs]
         b = T.shape[0]
-        Pc = P.clamp_min(0)
-        Xg = torch.cat([X_tr[T], Xo[Pc], Xo[i : i + b, None, :]], dim=1).double()
+        own = torch.arange(n_tr + i, n_tr + i + b, device=Xs.device)[:, None]
+        Xg = X_all[torch.cat([T, P.clamp_min(0) + n_tr, own], dim=1)]  # b x (m_t + m_p + 1) x d, one gather
         # rows i >= m_p have m_p earlier places each: no padding (valid=None skips the masks), known without a sync
         valid = None if i >= mp else torch.cat([torch.ones_like(T, dtype=torch.bool), P >= 0,
                                                 torch.ones(b, 1, dtype=torch.bool, device=Xs.device)], dim=1)

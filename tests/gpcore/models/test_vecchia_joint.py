@@ -69,6 +69,32 @@ def test_all_neighbours_give_the_exact_joint_posterior(data, name, weighted):
     np.testing.assert_allclose(np.diag(C), model.predict(Xs).var_f, rtol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["vecchia", "dbk-nn"])
+def test_the_factor_and_predictions_do_not_depend_on_the_chunk_size(data, name):
+    """The joint factor and the marginal predictions are built in chunks of places (``prediction_chunk``: at most 128
+    on the CPU); chunks of 4, which put the padded first rows (fewer than ``m_p`` earlier places) in several chunks,
+    give the same numbers as one chunk."""
+    import dataclasses
+
+    model = fit(name, data, full=False, neighbors=10, joint_neighbors=6, weighted=True)
+    Xs = model.scale_x(data[3])
+    assert model.config.prediction_chunk("cpu") == min(model.config.chunk_size, 128)
+    assert model.config.prediction_chunk("cuda") == model.config.chunk_size
+    one = model.joint_s(Xs)
+    p_one = model.predict(data[3])
+    model.config = dataclasses.replace(model.config, chunk_size=4)
+    model._joint_cache = None
+    assert model.config.prediction_chunk("cpu") == 4
+    four = model.joint_s(Xs)
+    assert four is not one
+    p_four = model.predict(data[3])
+    np.testing.assert_allclose(four.d, one.d, rtol=1e-12)
+    np.testing.assert_allclose(four.mean, one.mean, rtol=1e-12)
+    np.testing.assert_allclose((four.U - one.U).toarray(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(p_four.mean, p_one.mean, rtol=1e-12)
+    np.testing.assert_allclose(p_four.var_f, p_one.var_f, rtol=1e-12)
+
+
 def test_samples_have_the_posterior_covariance(data):
     """The empirical covariance of joint samples is within Monte-Carlo error of ``posterior_cov`` (m < n too)."""
     model = fit("dbk-nn", data, full=False, neighbors=10)
