@@ -42,14 +42,18 @@ def training_note(manifest: dict) -> str:
     feature check dropped the DBK features is its nearest-neighbour residual GP alone; a vecchia / dbk-nn run's
     intervals carry a cross-validated latent scale (docs/calibration.md)."""
     info = manifest.get("train_info") or {}
-    notes = [n for n in (_feature_note(manifest), calibration_note(info.get("cv_calibration"))) if n]
+    notes = [n for n in (_feature_note(manifest), calibration_note(info)) if n]
     return " ".join([notes[0], *(n[0].upper() + n[1:] for n in notes[1:])]) if notes else ""
 
 
-def calibration_note(cv: dict | None) -> str:
-    """``"the latent variance is scaled by 0.72 ..."``: the run's cross-validated latent scale (``""`` without one)."""
-    if not isinstance(cv, dict) or not isinstance(cv.get("scale"), (int, float)) or not cv.get("rows"):
-        return ""  # no scale, or nothing could be held out (scale 1)
+def calibration_note(train_info: dict | None) -> str:
+    """``"the latent variance is scaled by 0.72 ..."``: the cross-validated latent scale of a run's ``train_info``
+    (``""`` without one, or when nothing could be held out: :func:`gpcore.models.vecchia_cv.applied`)."""
+    from gpcore.models.vecchia_cv import applied
+
+    cv = applied(train_info)
+    if cv is None:
+        return ""
     folds = f"{cv.get('block_km', 10):g} km blocks of " if cv.get("folds") == "blocks" else ""
     before, after = cv.get("coverage_before"), cv.get("coverage_after")
     cover = (f" (as fitted the 95 % intervals covered {100 * before:.1f} % of the held-out rows, scaled "

@@ -106,8 +106,10 @@ def feature_check_text(model) -> str:
 
 def cv_text(model) -> str:
     """``"; latent scale 0.70 ..."`` for a model calibrated by cross-validation (``cv_calibration``), else ``""``."""
-    cv = getattr(model, "train_info_", {}).get("cv_calibration")
-    if not cv:
+    from gpcore.models.vecchia_cv import applied
+
+    cv = applied(getattr(model, "train_info_", None))
+    if cv is None:
         return ""
     return (f"; latent scale {cv['scale']:.3f} from {cv['folds']} folds (cross-validated coverage "
             f"{100 * cv['coverage_before']:.1f} -> {100 * cv['coverage_after']:.1f} %)")

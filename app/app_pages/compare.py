@@ -211,7 +211,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
         cv = sorted({names[i.run_id] for i in infos  # the runs whose training note states a scale
-                     if calibration_note((i.manifest.get("train_info") or {}).get("cv_calibration"))})
+                     if calibration_note(i.manifest.get("train_info"))})
         how = [f"{', '.join(recal)}: variances rescaled on the validation split"] if recal else []
         how += [f"{', '.join(cv)}: latent variance scaled by cross-validation over the labelled rows"] if cv else []
         st.subheader("Without recalibration")

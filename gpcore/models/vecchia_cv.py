@@ -25,7 +25,7 @@ import torch
 from gpcore.models import spacetime as st
 from gpcore.models.neighbors import NearestIndex
 
-__all__ = ["FOLDS", "KINDS", "calibrate", "conformal_scale", "cv_residuals", "fold_ids", "latent_scale"]
+__all__ = ["FOLDS", "KINDS", "applied", "calibrate", "conformal_scale", "cv_residuals", "fold_ids", "latent_scale"]
 
 FOLDS = 10
 KINDS = ("none", "rows", "blocks")
@@ -45,9 +45,22 @@ class _SubsetIndex:
         return self.keep[self.index.query(Q, k)]
 
 
+def applied(train_info: dict | None) -> dict | None:
+    """The record of :func:`calibrate` in ``train_info`` (a model's ``train_info_`` or a run manifest's
+    ``"train_info"``) when it scales the latent variance: a numeric scale fitted on held-out rows. ``None`` without a
+    calibration, or when every row was in one fold (nothing held out: scale 1). The one check behind the model's
+    variances, a run's metrics before calibration, the app's notes and the benchmarks' logs."""
+    cv = train_info.get("cv_calibration") if isinstance(train_info, dict) else None
+    if not isinstance(cv, dict) or not cv.get("rows"):
+        return None
+    scale = cv.get("scale")
+    return cv if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) else None
+
+
 def latent_scale(model) -> float:
     """The fitted scale of the latent variance (1 when the model was not calibrated)."""
-    return float((getattr(model, "train_info_", None) or {}).get("cv_calibration", {}).get("scale", 1.0))
+    cv = applied(getattr(model, "train_info_", None))
+    return 1.0 if cv is None else float(cv["scale"])
 
 
 def caller_inputs(model) -> np.ndarray:

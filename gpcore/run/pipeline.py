@@ -344,8 +344,10 @@ def uncalibrated_var_y(model, pred, groups=None) -> np.ndarray | None:
     None for a model without either."""
     if model.recal_:
         return pred.var_y / model.variance_scale(len(pred.var_y), groups)
-    cv = (getattr(model, "train_info_", None) or {}).get("cv_calibration") or {}
-    if not cv.get("rows"):
+    from gpcore.models.vecchia_cv import applied
+
+    cv = applied(getattr(model, "train_info_", None))
+    if cv is None:
         return None
     return pred.var_y - pred.var_f * (1.0 - 1.0 / cv["scale"])
 

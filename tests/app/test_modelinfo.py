@@ -59,3 +59,5 @@ def test_a_cross_validated_scale_is_said_after_the_feature_note():
         in both
     assert training_note({"train_info": {"cv_calibration": {"folds": "rows"}}}) == ""  # no scale: nothing to say
     assert training_note({"train_info": {"cv_calibration": {**cv, "rows": 0, "scale": 1.0}}}) == ""  # nothing held out
+    for bad in ("0.72", True, float("nan"), None):  # a malformed scale says nothing, as the model ignores it
+        assert training_note({"train_info": {"cv_calibration": {**cv, "scale": bad}}}) == ""

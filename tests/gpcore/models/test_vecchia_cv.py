@@ -130,6 +130,35 @@ def test_the_scale_multiplies_every_latent_variance_and_covariance(data, name):
     np.testing.assert_allclose(s1 - mean, math.sqrt(c) * (s0 - mean), rtol=1e-9, atol=1e-12)
 
 
+def test_every_reader_applies_a_record_by_the_same_check(data):
+    """``applied`` decides whether a record scales the latent variance; the model's variances, a run's metrics before
+    calibration (and the app's note: tests/app/test_modelinfo.py) follow it: a record from held-out rows counts, one
+    with nothing held out or a malformed scale does not."""
+    from gpcore.run.pipeline import uncalibrated_var_y
+
+    good = {"folds": "rows", "k": 10, "rows": 40, "scale": 0.5, "coverage_before": 0.99, "coverage_after": 0.95}
+    model = fit("vecchia", data, full=False, neighbors=8)
+    Xn = data[0][:5] + 0.01
+    base = model.predict(Xn)
+    for record, counts in ((good, True), ({**good, "rows": 0, "scale": 1.0}, False), ({**good, "scale": "0.5"}, False),
+                           ({**good, "scale": True}, False), ({**good, "scale": float("nan")}, False),
+                           ({"folds": "rows"}, False), (None, False)):
+        info = {} if record is None else {"cv_calibration": record}
+        assert (cv.applied(info) is not None) == counts, record
+        model.train_info_.pop("cv_calibration", None)
+        model.train_info_.update(info)
+        model._joint_cache = None
+        pred = model.predict(Xn)
+        c = 0.5 if counts else 1.0
+        assert cv.latent_scale(model) == c
+        np.testing.assert_allclose(pred.var_f, c * base.var_f, rtol=1e-12)
+        raw = uncalibrated_var_y(model, pred)
+        assert (raw is not None) == counts
+        if counts:
+            np.testing.assert_allclose(raw, base.var_y, rtol=1e-12)
+    assert cv.applied(None) is None and cv.applied({"cv_calibration": [1]}) is None
+
+
 def test_the_scale_survives_save_and_load(data, tmp_path):
     model = fit("vecchia", data, full=False, neighbors=8, cv_calibration="rows")
     model.save(tmp_path / "m")
