@@ -35,7 +35,8 @@ class VecchiaConfig(st.SpaceTimeConfig):
                                 "nearest neighbours", min=0.0)
     noise_floor: float = setting(1e-6, help="lower bound of the noise variance", min=0.0)
     learn_mean: bool = setting(True, help="learn a constant prior mean")
-    chunk_size: int = setting(512, help="points per batched Cholesky (small chunks stay in cache)", min=1)
+    chunk_size: int = setting(512, help="points per batched Cholesky (vecchia's predictions and the joint factor on "
+                              "the CPU: at most 128, which stay in cache)", min=1)
     optimizer: str = setting("lbfgs", help="'lbfgs' (one L-BFGS iteration with a line search per epoch) or 'adam'",
                              choices=("lbfgs", "adam"), main=True)
     lbfgs_history: int = setting(10, help="L-BFGS curvature pairs kept", min=1)
