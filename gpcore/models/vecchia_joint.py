@@ -33,6 +33,7 @@ residuals (the joint form of the marginal variance in docs/methods/dbknn.md).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -243,6 +244,11 @@ def _weighted_rows(T: np.ndarray, Bt: np.ndarray, aPhi_T: torch.Tensor) -> np.nd
     return np.asarray(S @ aPhi_T.double().cpu().numpy())
 
 
+def _features(phi_p, Xs: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():  # grad mode is per thread
+        return phi_p(Xs).double().cpu().numpy()
+
+
 @torch.no_grad()
 def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) -> VecchiaJoint:
     """The :class:`VecchiaJoint` of a fitted ``vecchia`` / ``dbk-nn`` model at scaled inputs ``Xs`` (``n x d``).
@@ -272,6 +278,11 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     lowrank = model._joint_lowrank()  # (a Phi_T, a Phi_P-function, w_hat, F) or None
     X_tr = mod.X_train
     cs = cfg.prediction_chunk(Xs.device.type)
+    phi_job = None
+    if lowrank is not None and Xs.device.type == "cpu":  # a Phi at the new places needs nothing from the loop below:
+        pool = ThreadPoolExecutor(max_workers=1)  # computed beside it, on another core (as the KD-tree queries use all
+        phi_job = pool.submit(_features, lowrank[1], Xs)  # cores); the thread ends with the job
+        pool.shutdown(wait=False)
     n_tr = X_tr.shape[0]
     X_all = torch.cat([X_tr.double(), Xo.double()])  # training inputs, then the new places in their ordering
     c = torch.empty(n, dtype=torch.float64, device=Xs.device)
@@ -316,7 +327,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     mean = prior_mean(mod, Xs).detach().cpu().numpy() + g  # mu0 (+ b t with a time trend)
     if lowrank is not None:
         _, phi_p, w_hat, F = lowrank
-        Phi_P = phi_p(Xs).cpu().numpy()  # a Phi at the new places, caller order
+        Phi_P = _features(phi_p, Xs) if phi_job is None else phi_job.result()  # a Phi at the new places, caller order
         joint.T, joint.Bt = NT.cpu().numpy(), Bt.cpu().numpy()
         joint.Phi, joint.F = Phi_P, F.cpu().numpy()  # Q on demand (VecchiaJoint.Q)
         joint.BPhi = _weighted_rows(joint.T, joint.Bt, lowrank[0])
