@@ -18,10 +18,11 @@ Targets (issue 15, DBK defaults): exceedance <= 0.2 s, counties <= 1 s, 4 sample
 10 suggestions <= 10 s; the SVGP family within 5x of those. ``vecchia`` and ``dbk-nn`` (issue 25; their joint
 posterior is the joint Vecchia prediction): exceedance <= 0.2 s, all county posteriors <= 2 s, 4 joint samples
 <= 3 s, 10 suggestions <= 10 s. Their sparse joint factor over the grid is built once per grid and model (the model
-keeps it) and reported on its own (``joint_factor_s``); the operations are timed after it. A fit stores that
-factor with the run's grid (``gpcore.run.grid_joint``): ``first_county_table_from_run_s`` is the first county table
-on a run's own grid (the factor read back, checked and used), ``first_county_table_s`` the first one on a new grid
-(the factor built, then the counties).
+keeps it) and reported on its own (``joint_factor_s``: the median of ``--repeats`` builds, each from scratch;
+``joint_factor_first_s`` the process's first, with its one-time costs); the operations are timed after it. A fit
+stores that factor with the run's grid (``gpcore.run.grid_joint``): ``first_county_table_from_run_s`` is the first
+county table on a run's own grid (the factor read back, checked and used), ``first_county_table_s`` the first one on
+a new grid (the factor built, then the counties).
 
     python benchmarks/bench_decide.py            # 50,000 cells
     python benchmarks/bench_decide.py --smoke    # seconds-long smoke run (CI)
@@ -45,7 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 TARGETS_S = {"exceedance": 0.2, "counties": 1.0, "samples_4": 2.0, "suggest_10": 10.0}
 SVGP_FACTOR = 5.0
-VECCHIA_TARGETS_S = {"exceedance": 0.2, "counties": 2.0, "samples_4": 3.0, "suggest_10": 10.0}
+VECCHIA_TARGETS_S = {"exceedance": 0.2, "counties": 2.0, "samples_4": 3.0, "suggest_10": 10.0,
+                     # all county posteriors <= 2 s also counting the factor: from a run's stored one, on a new grid
+                     "first_county_table_from_run": 2.0, "first_county_table": 2.0}
 
 
 def grid_cells(cells: int):
@@ -128,8 +131,13 @@ def bench_model(name: str, settings: dict, X, y, Xg, labels, repeats: int) -> di
     t, _ = timed(lambda: decide.exceedance(model, Xg, 35.0, units="original", transform="log10"), repeats)
     res["exceedance_with_prediction_s"] = round(t, 3)
     if hasattr(model, "joint_s"):  # the Vecchia family: its sparse joint factor over the grid, built once per grid
-        t, _ = timed(lambda: model.joint_s(model.scale_x(Xg)), 1)
-        res["joint_factor_s"] = round(t, 3)  # the first decision on a grid pays it; the ones below reuse it
+        def factor():  # the first decision on a grid pays it (the ones below reuse it): built anew each time
+            model._joint_cache = None
+            return model.joint_s(model.scale_x(Xg))
+
+        times = [timed(factor, 1)[0] for _ in range(repeats)]
+        res["joint_factor_s"] = round(statistics.median(times), 3)
+        res["joint_factor_first_s"] = round(times[0], 3)  # the process's first: one-time costs (imports, memory) too
     t, tab = timed(lambda: decide.area_posteriors(model, Xg, labels, threshold=35.0, units="original",
                                                    transform="log10"), repeats)
     res["counties_s"], res["counties"] = round(t, 3), int(len(tab))
