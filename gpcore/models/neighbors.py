@@ -184,7 +184,7 @@ def coord_order(X: np.ndarray) -> np.ndarray:
     return np.argsort(np.asarray(X, dtype=np.float64)[:, 0], kind="stable")
 
 
-def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: int = 0, device=None):
+def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: int = 0, device=None, on_rows=None):
     """The ``m`` nearest predecessors of every row of the already-ordered ``Xo`` (``n x d``).
 
     Returns ``n x m`` int64 row indices into ``Xo``, nearest first, ``-1`` where row ``i`` has fewer
@@ -195,6 +195,8 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
     rows): the result is ``(n - start) x m``, row ``i - start`` for row ``i``.
     A numpy array from the KD-tree; with the grid search (:func:`use_grid` of ``device``) a tensor on ``device``: the
     same sets (ties between equally distant points aside), from the same blocks.
+    ``on_rows(out, k)`` (KD-tree search, ``start = 0``): called each time rows ``< k`` of the array it returns are
+    final, so that a caller on another thread can use them while the later rows are searched.
     """
     from scipy.spatial import cKDTree
 
@@ -215,6 +217,8 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
         idx = _smallest_stable(D, k)
         valid = np.take_along_axis(D, idx, 1) < np.inf
         out[s:e, :k] = np.where(valid, idx, -1)
+        if on_rows is not None:
+            on_rows(out, e)
     # then blocks [s, 2s) of the ordering, each against a tree of its first 2s rows: at least half of a block row's
     # tree neighbours are its predecessors, so k ~ 2m finds them (a tree over all n rows needs k ~ m n / i)
     for s, e in _doubling_blocks(n, nb, start):
@@ -232,6 +236,8 @@ def ordered_neighbors(Xo: np.ndarray, m: int, brute_below: int = 2048, start: in
                 out[rest[rows]] = idx[rows][first].reshape(rows.size, m)
             rest = rest[~done]
             k = min(e, 4 * k)
+        if on_rows is not None:
+            on_rows(out, e)
     return out[start:]
 
 

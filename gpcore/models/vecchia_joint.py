@@ -33,6 +33,7 @@ residuals (the joint form of the marginal variance in docs/methods/dbknn.md).
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -244,6 +245,46 @@ def _weighted_rows(T: np.ndarray, Bt: np.ndarray, aPhi_T: torch.Tensor) -> np.nd
     return np.asarray(S @ aPhi_T.double().cpu().numpy())
 
 
+class _EarlierPlaces:
+    """The ``m`` nearest earlier places of every place of an ordering (``n x m``, ``-1`` pad:
+    :func:`gpcore.models.neighbors.ordered_neighbors`). With the KD-tree (a model on the CPU) they are searched on a
+    thread of their own, block by block, and :meth:`rows` waits only for the rows it asks for, so the groups' loop
+    starts on the first rows while the later ones are searched; with the grid search (an accelerator) at once."""
+
+    def __init__(self, Xo: np.ndarray, m: int, device):
+        from gpcore.models.neighbors import ordered_neighbors, use_grid
+
+        self._device, self._cv, self._error = device, threading.Condition(), None
+        if use_grid(device):
+            self._out, self._done = ordered_neighbors(Xo, m, device=device), len(Xo)
+            return
+        self._out, self._done = None, -1  # nothing published yet
+
+        def search():
+            try:
+                self._publish(ordered_neighbors(Xo, m, on_rows=self._publish), len(Xo))
+            except BaseException as err:  # raised again in the caller's thread by rows()
+                with self._cv:
+                    self._error = err
+                    self._cv.notify_all()
+
+        threading.Thread(target=search, daemon=True).start()
+
+    def _publish(self, out, k: int) -> None:
+        with self._cv:
+            self._out, self._done = out, k
+            self._cv.notify_all()
+
+    def rows(self, i: int, j: int) -> torch.Tensor:
+        """Rows ``i .. j - 1`` (a tensor on the places' device), once they are final."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._done >= j or self._error is not None)
+            if self._error is not None:
+                raise self._error
+            out = self._out
+        return torch.as_tensor(out[i:j], device=self._device)
+
+
 def _features(phi_p, Xs: torch.Tensor) -> np.ndarray:
     with torch.no_grad():  # grad mode is per thread
         return phi_p(Xs).double().cpu().numpy()
@@ -259,7 +300,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     the orderings and neighbour searches (``O(n log n)``). ``covariance(module, Xg, valid, noise)`` is the
     model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`).
     """
-    from gpcore.models.neighbors import lattice_order, maxmin_order, ordered_neighbors
+    from gpcore.models.neighbors import lattice_order, maxmin_order
     from gpcore.models.spacetime import metric_coords, prior_mean  # space-time: docs/methods/spacetime.md
     from gpcore.models.vecchia_cv import latent_scale
 
@@ -270,10 +311,10 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     Xn = metric_coords(mod, Xs)  # the scaled inputs of a spatial model
     order = (lattice_order if cfg.joint_ordering == "lattice" else maxmin_order)(Xn)
     Xo = Xs.detach()[torch.as_tensor(order, device=Xs.device)]
+    mp = min(m_p, max(n - 1, 0))
+    near = _EarlierPlaces(Xn[order], mp, Xs.device)  # n x m_p (-1 pad), searched beside the loop below on the CPU
     NT = model._prediction_neighbors(Xo, joint=True)  # n x m_t, indices into the ordered training points
-    NP = torch.as_tensor(ordered_neighbors(Xn[order], min(m_p, max(n - 1, 0)), device=Xs.device),
-                         device=Xs.device)  # n x m_p, -1 pad
-    m_t, mp = NT.shape[1], NP.shape[1]
+    m_t = NT.shape[1]
     e = model._joint_residuals()  # training residuals e (ordered training points), float64
     lowrank = model._joint_lowrank()  # (a Phi_T, a Phi_P-function, w_hat, F) or None
     X_tr = mod.X_train
@@ -292,8 +333,8 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     zero = torch.zeros((), dtype=torch.float64, device=Xs.device)
     for i in range(0, n, cs):
         T = NT[i : i + cs]
-        P = NP[i : i + cs]
         b = T.shape[0]
+        P = near.rows(i, i + b)
         own = torch.arange(n_tr + i, n_tr + i + b, device=Xs.device)[:, None]
         Xg = X_all[torch.cat([T, P.clamp_min(0) + n_tr, own], dim=1)]  # b x (m_t + m_p + 1) x d, one gather
         # rows i >= m_p have m_p earlier places each: no padding (valid=None skips the masks), known without a sync
@@ -315,7 +356,7 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
         if Bt is not None:
             Bt[i : i + b] = bt
     rows = np.repeat(np.arange(n), mp)
-    cols = NP.cpu().numpy().ravel()
+    cols = near.rows(0, n).cpu().numpy().ravel()
     vals = -BP.cpu().numpy().ravel()
     keep = cols >= 0
     U = sp.csr_matrix((np.concatenate([vals[keep], np.ones(n)]),

@@ -183,6 +183,22 @@ def test_neighbours_match_brute_force(brute_below):
         assert (nbr[i, k:] == -1).all()
 
 
+@pytest.mark.parametrize("brute_below", [0, 300, 2048])
+def test_neighbours_report_their_rows_as_they_become_final(brute_below):
+    """``on_rows(out, k)``: rows below ``k`` are already what the search returns (the joint factor's loop reads them
+    on another thread while the later rows are searched); ``k`` grows to every row."""
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-1, 1, size=(1500, 2))
+    Xo = X[maxmin_order(X)]
+    seen = []
+    nbr = ordered_neighbors(Xo, 6, brute_below=brute_below, on_rows=lambda out, k: seen.append((k, out[:k].copy())))
+    np.testing.assert_array_equal(nbr, ordered_neighbors(Xo, 6, brute_below=brute_below))
+    ks = [k for k, _ in seen]
+    assert ks == sorted(ks) and ks[-1] == 1500 and len(ks) >= 3
+    for k, rows in seen:
+        np.testing.assert_array_equal(rows, nbr[:k], err_msg=f"rows below {k}")
+
+
 def test_learns_the_noise_and_has_no_feature_form():
     from gpcore.posterior import JointPosterior
 

@@ -95,6 +95,21 @@ def test_the_factor_and_predictions_do_not_depend_on_the_chunk_size(data, name):
     np.testing.assert_allclose(p_four.var_f, p_one.var_f, rtol=1e-12)
 
 
+@pytest.mark.timeout(120)  # a lost error would leave the caller waiting
+def test_a_failed_search_of_earlier_places_reaches_the_caller(data, monkeypatch):
+    """The earlier places are searched on another thread: its error is raised in the caller's, not a hang."""
+    import gpcore.models.neighbors as nb
+
+    model = fit("vecchia", data, full=False, neighbors=10)
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no room for the neighbours")
+
+    monkeypatch.setattr(nb, "ordered_neighbors", broken)
+    with pytest.raises(MemoryError, match="no room"):
+        model.joint_s(model.scale_x(data[3]))
+
+
 def test_samples_have_the_posterior_covariance(data):
     """The empirical covariance of joint samples is within Monte-Carlo error of ``posterior_cov`` (m < n too)."""
     model = fit("dbk-nn", data, full=False, neighbors=10)
