@@ -298,7 +298,10 @@ def build_joint(model, Xs: torch.Tensor, covariance, m_pred: int | None = None) 
     take ``3m/2`` by default: docs/methods/vecchia.md, "Prediction"); earlier new
     places: ``m_pred`` (default the config's ``joint_neighbors``). Cost ``O(n (m_t + m_p)^3)`` for the groups plus
     the orderings and neighbour searches (``O(n log n)``). ``covariance(module, Xg, valid, noise)`` is the
-    model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`).
+    model's batched group covariance (:func:`gpcore.models.vecchia.group_covariance`). On the CPU the groups go in
+    chunks of :meth:`~gpcore.models.vecchia_config.VecchiaConfig.prediction_chunk`, and two parts that need nothing
+    from them run on threads beside them: the search for the earlier places (the loop waits only for its chunk's
+    rows) and ``dbk-nn``'s features of the places (docs/decide.md, "A run keeps its grid's factor").
     """
     from gpcore.models.neighbors import lattice_order, maxmin_order
     from gpcore.models.spacetime import metric_coords, prior_mean  # space-time: docs/methods/spacetime.md
