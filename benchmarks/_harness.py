@@ -63,13 +63,14 @@ def smoke_settings(name: str) -> dict:
     return {k: v for k, v in SMOKE_SETTINGS.items() if k in fields}
 
 
-def run_defaults(name: str, cfg) -> dict:
+def run_defaults(name: str, cfg, recalibrate: str = "none") -> dict:
     """The settings a dashboard or CLI run of ``cfg`` gives model ``name`` beside its own defaults: the
-    cross-validated latent scale with folds like the run's split (:func:`gpcore.run.pipeline.cv_settings`)."""
+    cross-validated latent scale with folds like the run's split, unless ``recalibrate`` rescales the intervals on
+    the validation rows (:func:`gpcore.run.pipeline.cv_settings`)."""
     from gpcore.models import model_spec
     from gpcore.run.pipeline import cv_settings
 
-    return cv_settings(cfg, model_spec(name).cls)
+    return cv_settings(cfg, model_spec(name).cls, recalibrate)
 
 
 def fit_predict(name: str, settings: dict, X, y, X_val, y_val, X_test, *, weights=None, val_weights=None,

@@ -218,7 +218,8 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
     rows = []
     wkw = {} if w is None else {"weights": w[tr], "val_weights": w[va], "test_weights": w[te]}
     for name in models:
-        settings = {**run_defaults(name, cfg), **(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
+        extra = {**(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
+        settings = {**run_defaults(name, cfg), **extra}
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))
@@ -235,8 +236,8 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
             model = r["model"]
             kind = args.recalibrate if g is not None else "global"
             if "conditioned_on" in model.train_info_:  # vecchia, dbk-nn: recalibrate before the validation rows join
-                base = {k: v for k, v in settings.items() if not k.startswith("cv_")}  # as a run: one calibration
-                r = fit_predict(name, {**base, "recalibrate": kind}, X[tr], y[tr], X[va], y[va], X[te],
+                rsets = {**run_defaults(name, cfg, kind), **extra, "recalibrate": kind}  # as a run: one calibration
+                r = fit_predict(name, rsets, X[tr], y[tr], X[va], y[va], X[te],
                                 seed=cfg.seed, val_groups=g[va] if g is not None else None, test_groups=g_te, **wkw)
                 model, p = r["model"], r
             else:

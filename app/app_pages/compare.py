@@ -16,7 +16,6 @@ import pandas as pd
 import streamlit as st
 
 from app import cache, charts, state
-from app.modelinfo import calibration_note
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
@@ -210,8 +209,9 @@ def render(data: cache.LoadedData, runs: list) -> None:
                      hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
-        cv = sorted({names[i.run_id] for i in infos  # the runs whose training note states a scale
-                     if calibration_note(i.manifest.get("train_info"))})
+        from gpcore.models.vecchia_cv import applied  # the one check of a cross-validated scale
+
+        cv = sorted({names[i.run_id] for i in infos if applied(i.manifest.get("train_info")) is not None})
         how = [f"{', '.join(recal)}: variances rescaled on the validation split"] if recal else []
         how += [f"{', '.join(cv)}: latent variance scaled by cross-validation over the labelled rows"] if cv else []
         st.subheader("Without recalibration")

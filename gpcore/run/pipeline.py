@@ -256,9 +256,8 @@ def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
             kind = "group" if prep.strata is not None else "global"
         if kind != "none" or prep.strata is not None:
             settings["recalibrate"] = kind
-    if settings.get("recalibrate", "none") == "none":  # one calibration of the intervals, not two
-        for key, value in cv_settings(cfg, cls).items():
-            settings.setdefault(key, value)
+    for key, value in cv_settings(cfg, cls, settings.get("recalibrate", "none")).items():
+        settings.setdefault(key, value)
     return settings
 
 
@@ -326,12 +325,14 @@ def check_finite_model(model, pred) -> None:
         )
 
 
-def cv_settings(cfg: RunConfig, cls) -> dict:
+def cv_settings(cfg: RunConfig, cls, recalibrate: str = "none") -> dict:
     """The cross-validated latent scale a spatial run gives a model with the ``cv_calibration`` setting
     (``vecchia``, ``dbk-nn``; docs/calibration.md, "The latent scale from cross-validation"): folds like the run's
     test split, rows for a random split, ``block_km`` squares for a block split. None for a ``time_input`` run or a
-    forecast split (their folds would be quarters) or another model."""
-    if "cv_calibration" not in cls.Config.field_names() or cfg.time_input or cfg.split not in ("random", "block"):
+    forecast split (their folds would be quarters), another model, or a model whose intervals are recalibrated on the
+    validation rows (``recalibrate`` not ``"none"``: one calibration of the intervals, not two)."""
+    if "cv_calibration" not in cls.Config.field_names() or cfg.time_input or cfg.split not in ("random", "block") \
+            or recalibrate != "none":
         return {}
     if cfg.split == "random":
         return {"cv_calibration": "rows"}

@@ -181,6 +181,7 @@ def test_a_run_picks_the_folds_by_its_split():
     assert cv_settings(run(), vec) == {"cv_calibration": "rows"}
     assert cv_settings(run(split="block", block_km=7.5), vec) == {"cv_calibration": "blocks", "cv_block_km": 7.5}
     assert cv_settings(run(split="block"), svgp) == {}
+    assert cv_settings(run(split="block"), vec, "group") == {} and cv_settings(run(), vec, "global") == {}
     assert cv_settings(run(time_input=True), vec) == {}
     assert cv_settings(run(split="forecast", test_period="2023Q4", time="quarter"), vec) == {}
     cfg = run(model="dbk-nn", split="block", settings={"cv_calibration": "none"})
