@@ -132,7 +132,7 @@ def bench_model(name: str, settings: dict, X, y, Xg, labels, repeats: int) -> di
     res["exceedance_with_prediction_s"] = round(t, 3)
     if hasattr(model, "joint_s"):  # the Vecchia family: its sparse joint factor over the grid, built once per grid
         def factor():  # the first decision on a grid pays it (the ones below reuse it): built anew each time
-            model._joint_cache = None
+            model.forget_joint()
             return model.joint_s(model.scale_x(Xg))
 
         times = [timed(factor, 1)[0] for _ in range(repeats)]

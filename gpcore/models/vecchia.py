@@ -427,6 +427,12 @@ class VecchiaGP(GPModel):
             self._joint_cache = (key, build_joint(self, Xs, group_covariance, m_pred))
         return self._joint_cache[1]
 
+    def forget_joint(self) -> None:
+        """Drop the kept joint posterior (:meth:`joint_s`, :meth:`keep_joint`): the next joint operation builds it
+        again. For timing a build, and after a change to what it depends on outside :meth:`fit` and
+        :meth:`condition_on` (which drop it themselves), such as the latent scale of ``cv_calibration``."""
+        self._joint_cache = None
+
     @staticmethod
     def _joint_key(Xs: torch.Tensor, m_pred: int | None) -> tuple:
         return tuple(Xs.shape), hash(Xs.detach().cpu().numpy().tobytes()), m_pred

@@ -142,5 +142,5 @@ def calibrate(model) -> dict:
     if cfg.cv_calibration == "blocks":
         info["block_km"] = float(cfg.cv_block_km)
     model.train_info_["cv_calibration"] = info
-    model._joint_cache = None  # a joint posterior built before carries the old scale
+    model.forget_joint()  # a joint posterior built before carries the old scale
     return info

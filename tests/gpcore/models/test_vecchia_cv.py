@@ -147,7 +147,7 @@ def test_every_reader_applies_a_record_by_the_same_check(data):
         assert (cv.applied(info) is not None) == counts, record
         model.train_info_.pop("cv_calibration", None)
         model.train_info_.update(info)
-        model._joint_cache = None
+        model.forget_joint()
         pred = model.predict(Xn)
         c = 0.5 if counts else 1.0
         assert cv.latent_scale(model) == c

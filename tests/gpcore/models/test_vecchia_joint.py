@@ -83,7 +83,7 @@ def test_the_factor_and_predictions_do_not_depend_on_the_chunk_size(data, name):
     one = model.joint_s(Xs)
     p_one = model.predict(data[3])
     model.config = dataclasses.replace(model.config, chunk_size=4)
-    model._joint_cache = None
+    model.forget_joint()
     assert model.config.prediction_chunk("cpu") == 4
     four = model.joint_s(Xs)
     assert four is not one
