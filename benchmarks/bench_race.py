@@ -77,6 +77,7 @@ from _peers import gpboost_available, gpboost_vecchia
 from scipy.special import ndtr
 
 from gpcore import metrics as M
+from gpcore.data.splits import block_ids
 from gpcore.run.config import RunConfig
 from gpcore.run.pipeline import prepare
 
@@ -128,20 +129,31 @@ def race_configs(data: str, smoke: bool, tmp: Path) -> list[tuple[str, RunConfig
     return configs
 
 
-def coverage_cell(mean, var_y, y) -> tuple[str, bool]:
-    """``"94.8 ± 0.9"`` (coverage and two binomial SEs, in %), with ``✗`` when outside; and whether inside."""
+def coverage_cell(mean, var_y, y, blocks=None) -> tuple[str, bool]:
+    """``"94.8 ± 0.9"`` (coverage and two binomial SEs, in %), with ``✗`` when outside; and whether inside (the
+    binomial verdict, the bar's). With ``blocks`` (each row's test block of a block split) also two cluster-robust SEs
+    by block, ``"(± 1.6 by block)"``: the rows of one held-out block share their errors, so a split's coverage
+    scatters more than the binomial band allows (:func:`gpcore.metrics.reliability` with ``groups``)."""
     cov, two_se = M.coverage(mean, var_y, y), 2 * M.coverage_se(len(y))
     ok = abs(cov - 0.95) <= two_se
-    return f"{100 * cov:.1f} ± {100 * two_se:.1f}{'' if ok else ' ✗'}", ok
+    text = f"{100 * cov:.1f} ± {100 * two_se:.1f}{'' if ok else ' ✗'}"
+    if blocks is not None and len(y):
+        inside = np.abs(np.asarray(y) - mean) <= M.Z95 * np.sqrt(var_y)
+        two_block = 2 * float(M.reliability(np.full(len(y), 0.95), inside, bins=1, groups=blocks)["se_groups"].iloc[0])
+        text += f" (± {100 * two_block:.1f}{'' if abs(cov - 0.95) <= two_block else ' ✗'} by block)"
+    return text, ok
 
 
-def score(data: str, model: str, weights: str, mean, var_y, y, strata, fit_s: float, n_train: int) -> dict:
-    cov, ok = coverage_cell(mean, var_y, y)
+def score(data: str, model: str, weights: str, mean, var_y, y, strata, fit_s: float, n_train: int,
+          blocks=None) -> dict:
+    """One row of the race table; ``blocks`` (a block split's test blocks) adds the by-block bands
+    (:func:`coverage_cell`)."""
+    cov, ok = coverage_cell(mean, var_y, y, blocks)
     per, all_ok = [], ok
     if strata is not None:
         for label in sorted(set(strata.tolist())):
             sel = strata == label
-            cell, good = coverage_cell(mean[sel], var_y[sel], y[sel])
+            cell, good = coverage_cell(mean[sel], var_y[sel], y[sel], None if blocks is None else blocks[sel])
             per.append(f"{label} {cell}")
             all_ok &= good
     return {"data": data, "model": model, "weights": weights, "n_train": n_train, "nll": M.nll(mean, var_y, y),
@@ -165,12 +177,12 @@ def boxcox_maps(lam: float, floor: float = -np.inf):
 
 
 def score_boxcox(lam: float, floor: float, data: str, model: str, weights: str, mean, var_y, u, strata, fit_s,
-                 n_train) -> dict:
+                 n_train, blocks=None) -> dict:
     """:func:`score` of a Gaussian predictive on the Box-Cox scale against log10 values ``u``: coverage (overall,
     per stratum) on the Box-Cox scale, where it is the same; NLL and CRPS on the log10 scale (``floor``: see
     :func:`boxcox_maps`); ``below``: the mean predictive mass where ``y <= 0``."""
     to_model, from_model, log_slope = boxcox_maps(lam, floor)
-    row = score(data, f"{model} boxcox {lam:g}", weights, mean, var_y, to_model(u), strata, fit_s, n_train)
+    row = score(data, f"{model} boxcox {lam:g}", weights, mean, var_y, to_model(u), strata, fit_s, n_train, blocks)
     w = M.warped_scores(mean, var_y, u, to_model, from_model, log_slope)
     below = float(np.mean(ndtr((-1 / lam - np.asarray(mean)) / np.sqrt(var_y))))
     return {**row, "nll": w["nll"], "crps": w["crps"], "below": below}
@@ -203,6 +215,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         tr = np.sort(np.random.default_rng(cfg.seed).choice(tr, args.subsample, replace=False))
     X, y, w, g = prep.X, prep.y, prep.weights, prep.strata
     g_te = g[te] if g is not None else None
+    b_te = block_ids(X[te, 0], X[te, 1], cfg.block_km) if cfg.split == "block" else None  # the test rows' blocks
     if args.boxcox and cfg.transform != "log10":
         raise SystemExit(f"--boxcox: data set {key} is fitted on the {cfg.transform} scale, not log10")
     lam = args.boxcox
@@ -222,13 +235,13 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         settings = {**run_defaults(name, cfg), **extra}
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
-        rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr)))
+        rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr), b_te))
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
                f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]) + cv_text(r["model"]))
         if z is not None:
             b = fit_predict(name, settings, X[tr], z[tr], X[va], z[va], X[te], seed=cfg.seed, **wkw)
             rows.append(score_boxcox(lam, floor, key, name, wlabel, b["mean"], b["var_y"], y[te], g_te,
-                                     b["fit_seconds"], len(tr)))
+                                     b["fit_seconds"], len(tr), b_te))
             stderr(f"  {name} on the Box-Cox scale: fit {b['fit_seconds']:.1f} s, test NLL (log10 scale) "
                    f"{rows[-1]['nll']:.4f}, predictive mass at y <= 0 {rows[-1]['below']:.2e}"
                    + feature_check_text(b["model"]))
@@ -246,7 +259,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
                 pred = model.predict(X[te], weights=w[te] if r["weighted"] else None, groups=g_te)
                 p = {"mean": pred.mean, "var_y": pred.var_y}
             rows.append(score(key, f"{name} +recal {model.recal_['kind']}", wlabel, p["mean"], p["var_y"], y[te], g_te,
-                              r["fit_seconds"], len(tr)))
+                              r["fit_seconds"], len(tr), b_te))
     if args.gpboost == "none":
         stderr("  --gpboost none: no peer rows (compare with a run that has them)")
     elif gpboost_available():
@@ -256,14 +269,15 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
             lab = np.concatenate([tr, va])  # every labelled row (the gpcore models see both too)
             r = gpboost_vecchia(X[lab], y[lab], X[te], weights=None if ww is None else ww[lab],
                                 weights_pred=None if ww is None else ww[te])
-            rows.append(score(key, GPBOOST, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(lab)))
+            rows.append(score(key, GPBOOST, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(lab),
+                              b_te))
             stderr(f"  {GPBOOST} (weights {wlabel}): fit {r['fit_seconds']:.1f} s, test NLL {rows[-1]['nll']:.4f}, "
                    f"parameters {r['cov_pars']}")
             if z is not None:
                 b = gpboost_vecchia(X[lab], z[lab], X[te], weights=None if ww is None else ww[lab],
                                     weights_pred=None if ww is None else ww[te])
                 rows.append(score_boxcox(lam, floor, key, GPBOOST, wlabel, b["mean"], b["var_y"], y[te], g_te,
-                                         b["fit_seconds"], len(lab)))
+                                         b["fit_seconds"], len(lab), b_te))
                 stderr(f"  {GPBOOST} on the Box-Cox scale (weights {wlabel}): test NLL (log10 scale) "
                        f"{rows[-1]['nll']:.4f}")
     else:
@@ -328,13 +342,15 @@ def main(argv=None) -> int:
     boxcox_note = ("; rows 'boxcox LAMBDA': fitted on (y^LAMBDA - 1) / LAMBDA of the original target"
                    f"{' (LAMBDA by the validation rows)' if args.boxcox == 'auto' else ''}, NLL and CRPS on the log10 "
                    "scale (its mass below y = 0 at the lowest training value)" if args.boxcox else "")
+    by_block = (", in brackets ± two SEs by held-out block (cluster-robust: the rows of one block share their errors)"
+                if args.split == "block" else "")
     header = (f"split {args.split}{f' ({args.block_km:g} km blocks)' if args.split == 'block' else ''}, seed "
               f"{args.seed}{f', training rows subsampled to {args.subsample}' if args.subsample else ''}; "
               f"same labelled rows for every tool: GPBoost fits training + validation rows ('n train' counts "
               f"both), gpcore models train on the training rows and stop on the validation rows (vecchia and dbk-nn "
-              f"then condition on both); same test rows; coverage ± two binomial SEs (✗ outside); GPBoost with "
-              f"weights: its error variance divided by the row's count{boxcox_note}; torch {torch.get_num_threads()} "
-              f"thread(s)")
+              f"then condition on both); same test rows; coverage ± two binomial SEs (✗ outside){by_block}; GPBoost "
+              f"with weights: its error variance divided by the row's count{boxcox_note}; torch "
+              f"{torch.get_num_threads()} thread(s)")
     report(header, md, df, args.out)
     return 0 if np.isfinite(df["nll"]).all() else 1
 
