@@ -56,6 +56,7 @@ import argparse
 import dataclasses
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,7 @@ from _harness import (
     run_defaults,
     shared_data,
     smoke_settings,
+    stamp,
     start,
     stderr,
 )
@@ -302,6 +304,7 @@ def markdown(df: pd.DataFrame) -> str:
 
 
 def main(argv=None) -> int:
+    t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=",".join(DATASETS), help=f"comma-separated, from {', '.join(DATASETS)}")
     ap.add_argument("--models", default=RACE_MODELS, help=f"comma-separated gpcore model names (default {RACE_MODELS})")
@@ -350,7 +353,7 @@ def main(argv=None) -> int:
               f"both), gpcore models train on the training rows and stop on the validation rows (vecchia and dbk-nn "
               f"then condition on both); same test rows; coverage ± two binomial SEs (✗ outside){by_block}; GPBoost "
               f"with weights: its error variance divided by the row's count{boxcox_note}; torch "
-              f"{torch.get_num_threads()} thread(s)")
+              f"{torch.get_num_threads()} thread(s)\n\n{stamp(time.perf_counter() - t_start)}")
     report(header, md, df, args.out)
     return 0 if np.isfinite(df["nll"]).all() else 1
 
