@@ -10,8 +10,9 @@ package defaults, a constant fixed effect; ``pip install gpboost``, never a gpco
 on every labelled row the gpcore models were given, training and validation rows together. All are scored on the
 same test rows. One row per (data set, model): test NLL, its differences to GPBoost's unweighted and weighted
 fits (negative = better than that GPBoost), CRPS, 95 % coverage overall and per stratum with ``✗`` when it is more than
-two binomial standard errors (:func:`gpcore.metrics.coverage_se`) from 95 %, fit seconds. Metrics are in the
-transformed units the models train in (log10).
+two binomial standard errors (:func:`gpcore.metrics.coverage_se`) from 95 % (on a block split, in brackets, two
+cluster-robust SEs by held-out block: :func:`coverage_cell`), fit seconds. Metrics are in the transformed units the
+models train in (log10).
 
 Data sets (``--data``, comma-separated):
 
