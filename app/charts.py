@@ -89,24 +89,32 @@ def width_violins(test: pd.DataFrame, units: str = "", colors: dict[str, str] | 
 
 
 def coverage_bars(metrics: pd.DataFrame, target: float = 0.95, colors: dict[str, str] | None = None) -> go.Figure:
-    """Coverage of the 95 % interval per model and stratum, with the target line in context (80-100 %)."""
+    """Coverage of the 95 % interval per model and stratum, with the target line in context (80-100 %), and with
+    ``two_se`` (:func:`gpcore.run.compare.coverage_bands`) two-SE error bars."""
     fig = go.Figure()
     groups = ["all", *ordered_strata(metrics["group"].unique())] if "all" in set(metrics["group"]) else \
         ordered_strata(metrics["group"].unique())
     colors = {**(colors or stratum_colors(groups)), "all": STRATUM_COLORS["all"]}
     for g in groups:
         part = metrics[metrics["group"] == g]
+        band = part["two_se"].to_numpy(float) if "two_se" in part else np.full(len(part), np.nan)
+        error = dict(type="data", array=np.nan_to_num(band).tolist(), visible=bool(np.isfinite(band).any()),
+                     color="rgba(0,0,0,0.55)", thickness=1.2, width=3)
         fig.add_trace(go.Bar(x=part["model"], y=part["coverage"], name=html_text(DISPLAY.get(str(g), str(g))),
-                             marker_color=colors.get(str(g)), cliponaxis=False,
+                             marker_color=colors.get(str(g)), cliponaxis=False, error_y=error,
                              # inside, turned upright: side by side above narrow bars the labels overlapped
                              text=[f"{100 * v:.1f}%" for v in part["coverage"]], textposition="inside",
                              textangle=-90, insidetextanchor="end", insidetextfont=dict(color="white")))
     fig.add_hline(y=target, line_dash="dash", line_color="black")
     fig.add_annotation(x=1.0, xref="paper", xanchor="left", y=target, yref="y", text=f"{100 * target:.0f}% target",
                        showarrow=False, font=dict(size=11))
-    lo = float(np.nanmin(metrics["coverage"])) if len(metrics) else 0.8
+    shown = metrics["coverage"][metrics["group"].astype(str).isin(groups)]  # not the left-out "unknown" points
+    lo = float(np.nanmin(shown)) if len(shown) else 0.8
     yaxis = dict(title="coverage of the 95% interval", tickformat=".0%", range=[min(lo - 0.03, 0.8), 1.04])
-    layout = {**LAYOUT, "margin": dict(l=10, r=78, t=30, b=10)}  # room for the target's label right of the plot
+    # room for the target's label right of the plot; the legend below the models: with the measurement-count bins
+    # it wraps to several rows, which above the plot covered the bars' tops
+    layout = {**LAYOUT, "margin": dict(l=10, r=78, t=10, b=10), "height": 440,
+              "legend": dict(orientation="h", yanchor="top", y=-0.12, x=0)}
     fig.update_layout(barmode="group", yaxis=yaxis, uniformtext=dict(minsize=8, mode="hide"), **layout)
     return fig
 
@@ -134,12 +142,23 @@ def timings(overall: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def band_text(coverage: float, two_se: float) -> str:
+    """``"± 1.3"`` (two SEs of a coverage, percentage points), with ``✗`` when the coverage is further than that from
+    95 %; empty without a band."""
+    if not np.isfinite(two_se):
+        return ""
+    return f"± {100 * two_se:.1f}" + (" ✗" if abs(coverage - 0.95) > two_se else "")
+
+
 def format_metrics(df: pd.DataFrame) -> pd.DataFrame:
-    """Rounded copy for display (coverage as a percentage)."""
+    """Rounded copy for display (coverage as a percentage; ``two_se`` as its band, :func:`band_text`)."""
     out = df.copy()
     for col in ("mae", "rmse", "nll", "crps", "pi_width_mean", "pi_width_median"):
         if col in out:
             out[col] = out[col].map(lambda v: f"{v:.4f}")
+    if "two_se" in out:  # before "coverage" is formatted: the ✗ compares the numbers
+        out["two_se"] = [band_text(c, s) for c, s in zip(out["coverage"], out["two_se"], strict=True)]
+        out = out.rename(columns={"two_se": "± 2 SE"})
     if "coverage" in out:
         out["coverage"] = out["coverage"].map(lambda v: f"{100 * v:.1f}%")
     for col in ("fit_seconds", "predict_seconds"):

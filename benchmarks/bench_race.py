@@ -136,13 +136,13 @@ def coverage_cell(mean, var_y, y, blocks=None) -> tuple[str, bool]:
     """``"94.8 ± 0.9"`` (coverage and two binomial SEs, in %), with ``✗`` when outside; and whether inside (the
     binomial verdict, the bar's). With ``blocks`` (each row's test block of a block split) also two cluster-robust SEs
     by block, ``"(± 1.6 by block)"``: the rows of one held-out block share their errors, so a split's coverage
-    scatters more than the binomial band allows (:func:`gpcore.metrics.reliability` with ``groups``)."""
-    cov, two_se = M.coverage(mean, var_y, y), 2 * M.coverage_se(len(y))
+    scatters more than the binomial band allows (:func:`gpcore.metrics.coverage_band`)."""
+    band = M.coverage_band(mean, var_y, y, groups=blocks)
+    cov, two_se = band["coverage"], 2 * M.coverage_se(len(y))
     ok = abs(cov - 0.95) <= two_se
     text = f"{100 * cov:.1f} ± {100 * two_se:.1f}{'' if ok else ' ✗'}"
     if blocks is not None and len(y):
-        inside = np.abs(np.asarray(y) - mean) <= M.Z95 * np.sqrt(var_y)
-        two_block = 2 * float(M.reliability(np.full(len(y), 0.95), inside, bins=1, groups=blocks)["se_groups"].iloc[0])
+        two_block = band["two_se_groups"]
         text += f" (± {100 * two_block:.1f}{'' if abs(cov - 0.95) <= two_block else ' ✗'} by block)"
     return text, ok
 

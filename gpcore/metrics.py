@@ -196,6 +196,26 @@ def coverage_se(n: int, level: float = 0.95) -> float:
     return math.sqrt(level * (1.0 - level) / max(int(n), 1))
 
 
+def coverage_band(mean, var_y, y, groups=None, level: float = 0.95) -> dict[str, float]:
+    """Observed coverage of the central ``level`` interval with two standard errors (docs/metrics.md, "Coverage and
+    its band"): ``coverage``, ``two_se`` (binomial: rows independent) and ``two_se_groups`` (NaN without ``groups``):
+    cluster-robust by group, e.g. the held-out block of a block split, whose rows share their errors, so the
+    split's coverage scatters more than the binomial band allows. It is the one-bin :func:`reliability` of the
+    constant forecast ``level``.
+
+    >>> b = coverage_band([0.0, 0.0, 0.0, 0.0], [1.0] * 4, [0.0, 0.5, 1.0, 3.0], groups=[0, 0, 1, 1])
+    >>> round(b["coverage"], 2), round(b["two_se"], 4), round(b["two_se_groups"], 4)
+    (0.75, 0.2179, 0.4528)
+    """
+    mean, var_y, y = _arrays(mean, var_y, y)
+    if not y.size:
+        return {"coverage": math.nan, "two_se": math.nan, "two_se_groups": math.nan}
+    inside = np.abs(y - mean) <= z_value(level) * np.sqrt(var_y)
+    row = reliability(np.full(y.size, level), inside, bins=1, groups=groups).iloc[0]
+    return {"coverage": float(row["observed"]), "two_se": 2 * float(row["se"]),
+            "two_se_groups": 2 * float(row["se_groups"]) if groups is not None else math.nan}
+
+
 def reliability(p, event, bins: int = 10, groups=None) -> pd.DataFrame:
     """Reliability of forecast probabilities ``p`` of binary ``event`` (0/1 or bool) in ``bins`` equal-width bins of
     ``[0, 1]`` (the last one closed), one row per non-empty bin: ``lo``, ``hi``, ``n``, ``p_mean`` (mean forecast),

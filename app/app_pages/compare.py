@@ -19,7 +19,8 @@ from app import cache, charts, state
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
-METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "pi_width_mean", "fit_seconds", "predict_seconds"]
+METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "two_se", "pi_width_mean", "fit_seconds",
+               "predict_seconds"]
 #: Runs compared on first open (newest first, then the bundled ones: all ten of a fresh install's two kinds fit).
 DEFAULT_RUNS = 8
 #: The tables' split column wide enough to read "Spatial blocks (10 km)" whole.
@@ -144,6 +145,27 @@ def split_summary_table(runs) -> pd.DataFrame:
     })
 
 
+def with_band(m: pd.DataFrame, key, config: dict) -> pd.DataFrame:
+    """``m`` (a run's metrics) with ``two_se``: two SEs of each group's coverage, by held-out block on a block split,
+    else binomial (:func:`gpcore.run.compare.coverage_bands`); NaN where the run's test predictions cannot give it
+    (a group before recalibration, a run without its test table)."""
+    from gpcore.run.compare import coverage_bands
+
+    try:
+        bands = coverage_bands(cache.st_test_predictions(*key), config)
+    except (GPCoreError, KeyError, ValueError):  # the metrics are still compared, without their band
+        return m.assign(two_se=np.nan)
+    return m.merge(bands[["group", "two_se"]], on="group", how="left")
+
+
+def band_caption(kind: str) -> str:
+    if kind.startswith("block:"):
+        return ("**± 2 SE**: two standard errors of the coverage *by held-out block* — the tiles of one block share "
+                "their errors, so a block split's coverage scatters more than independent rows would (✗: further "
+                "than that from 95%).")
+    return "**± 2 SE**: two binomial standard errors of the coverage (✗: further than that from 95%)."
+
+
 def names_for(infos) -> dict[str, str]:
     """Short unique chart names: the model, plus the run's time (or "bundled") when a model repeats."""
     base = [i.model for i in infos]
@@ -178,7 +200,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         m.insert(0, "model", names[info.run_id])
         m.insert(1, "split", split_name(split_key(info)))
         m["run"] = cache.run_title(info.run_id, info.manifest)
-        metrics.append(m)
+        metrics.append(with_band(m, keys[info.run_id], info.manifest.get("config", {})))
     if not metrics:
         st.warning("The chosen runs have no metrics.")
         return
@@ -193,6 +215,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
     overall.insert(0, "rank", np.arange(1, len(overall) + 1))
     st.subheader("Ranking")
     st.markdown(split_caption(kind))
+    st.caption(band_caption(kind))
     st.dataframe(charts.format_metrics(overall[["rank", "model", "split", *[c for c in METRIC_COLS if c in overall],
                                                 "run"]]),
                  hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
@@ -217,7 +240,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         st.subheader("Without recalibration")
         st.caption(f"{'; '.join(how)} (the tables above); here the same test rows before that.")
         st.dataframe(charts.format_metrics(before[["group", "model", "split",
-                                                   *[c for c in METRIC_COLS if c in before]]]),
+                                                   *[c for c in METRIC_COLS if c in before and c != "two_se"]]]),
                      hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     on_data = [r for r in runs if r.data_hash == data.data_hash]
     summary = split_summary_table(on_data)

@@ -151,6 +151,44 @@ def rank_within_splits(table: pd.DataFrame, splits=None) -> pd.DataFrame:
     return table.loc[order].reset_index(drop=True)
 
 
+def coverage_bands(test: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """Each group's 95 % coverage with the band that fits the run's split (docs/metrics.md, "Coverage and its band").
+
+    ``test`` is a run's test predictions (``lon``, ``lat``, ``y``, ``mean``, ``var_y``; ``stratum`` and ``weight``
+    when the run has them) and ``config`` its manifest's config. One row per group the run's metrics have
+    ("all", each stratum, each measurement-count bin named by ``config["weight"]``): ``group``, ``n``,
+    ``coverage``, ``two_se`` and ``band``: on a block split two SEs by held-out block (the test rows'
+    ``block_km`` squares, :func:`gpcore.data.splits.block_ids`: rows of one block share their errors), else
+    binomial.
+    """
+    from gpcore import metrics as M
+    from gpcore.data.splits import block_ids
+
+    cols = ["group", "n", "coverage", "two_se", "band"]
+    if test.empty:
+        return pd.DataFrame(columns=cols)
+    mean, var_y, y = (test[c].to_numpy(dtype=float) for c in ("mean", "var_y", "y"))
+    blocks = None
+    if config.get("split") == "block":
+        km = float(config.get("block_km", 10.0))
+        blocks = block_ids(test["lon"].to_numpy(float), test["lat"].to_numpy(float), km)
+    labels = [("all", np.ones(len(test), dtype=bool))]
+    if "stratum" in test:
+        strata = test["stratum"].astype(str).to_numpy()
+        if not (strata == "all").all():
+            labels += [(s, strata == s) for s in sorted(set(strata))]
+    if "weight" in test:
+        bins = M.weight_bins(test["weight"].to_numpy(float), config.get("weight") or "weight")
+        labels += [(b, bins == b) for b in dict.fromkeys(bins)]
+    rows = []
+    for label, sel in labels:
+        b = M.coverage_band(mean[sel], var_y[sel], y[sel], None if blocks is None else blocks[sel])
+        rows.append({"group": label, "n": int(sel.sum()), "coverage": b["coverage"],
+                     "two_se": b["two_se"] if blocks is None else b["two_se_groups"],
+                     "band": "binomial" if blocks is None else "block"})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def split_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Random vs spatial blocks per model: overall test NLL and 95 % coverage on each, and the change (block − random).
 

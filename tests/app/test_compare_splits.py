@@ -95,3 +95,38 @@ def test_one_split_kind_says_so_and_shows_the_command_for_the_other(trained_stor
     assert f"--out {store}/" in code, "the command writes into the run store the dashboard reads"
     assert set(at.dataframe[0].value["split"]) == {"Random"}
     assert "Random vs spatial blocks" not in [h.value for h in at.subheader]
+
+
+def test_coverage_carries_the_band_of_its_split_in_the_tables_and_the_chart(split_store, tmp_path, monkeypatch):
+    """Random runs: two binomial SEs; block runs: two SEs by held-out block (computed here from each run's test
+    rows and the formula), in the ranking's "± 2 SE" column and as the coverage chart's error bars."""
+    import numpy as np
+
+    from gpcore import metrics as M
+    from gpcore.data.splits import block_ids
+    from gpcore.run.rundir import read_test_predictions
+
+    store = use_store(split_store, tmp_path, monkeypatch)
+    at = compare_page(store)
+    ranking = at.dataframe[0].value.set_index("model")
+    test = read_test_predictions(store / "20240101-000000-000-dbk-rbf")
+    two = 2 * M.coverage_se(len(test))
+    assert ranking.loc["dbk-rbf", "± 2 SE"].startswith(f"± {100 * two:.1f}")
+    assert "two binomial standard errors" in texts(at)
+
+    at.segmented_control(key="w_cmp_split").set_value("block:10").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "*by held-out block*" in texts(at) and "binomial" not in texts(at)
+    ranking = at.dataframe[0].value.set_index("model")
+    test = read_test_predictions(store / "20240101-000002-000-dbk-rbf-block")
+    inside = (np.abs(test["y"] - test["mean"]) <= M.Z95 * np.sqrt(test["var_y"])).to_numpy()
+    blocks = block_ids(test["lon"].to_numpy(), test["lat"].to_numpy(), 10.0)
+    r = np.array([np.sum(inside[blocks == b] - 0.95) for b in np.unique(blocks)])
+    by_block = 2 * np.sqrt(np.sum(r**2)) / len(test)
+    cov = inside.mean()
+    mark = " ✗" if abs(cov - 0.95) > by_block else ""
+    assert ranking.loc["dbk-rbf", "± 2 SE"] == f"± {100 * by_block:.1f}{mark}"
+    bars = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "coverage of the 95%" in c.proto.spec)
+    overall = next(t for t in bars["data"] if t["name"] in ("all", "All", "overall", "Overall"))
+    errors = dict(zip(overall["x"], overall["error_y"]["array"], strict=True))
+    assert errors["dbk-rbf"] == pytest.approx(by_block, rel=1e-9)

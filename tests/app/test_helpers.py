@@ -173,6 +173,13 @@ def test_widths_violins_split_by_stratum():
     assert float(fig.data[0].y[0]) == pytest.approx(2 * 1.959964 * np.sqrt(0.1), rel=1e-5)
     metrics = pd.DataFrame({"model": ["a", "a"], "group": ["metro", "non-metro"], "coverage": [0.9, 0.97]})
     assert coverage_bars(metrics).layout.shapes[0].y0 == 0.95
+    # the few 'unknown' points (no bar) do not stretch the axis; a band becomes the bars' error bars
+    banded = pd.concat([metrics, pd.DataFrame({"model": ["a"], "group": ["unknown"], "coverage": [0.5]})])
+    fig = coverage_bars(banded.assign(two_se=[0.01, 0.02, 0.4]))
+    assert fig.layout.yaxis.range[0] == pytest.approx(0.8) and {t.name for t in fig.data} == {
+        "metro (urban)", "non-metro (rural)"}
+    assert [list(t.error_y.array) for t in fig.data] == [[0.01], [0.02]] and fig.data[0].error_y.visible
+    assert not coverage_bars(metrics).data[0].error_y.visible, "no band, no error bars"
     # a few tiles outside every stratum ('unknown', no violin) with wide intervals do not stretch the axis
     wide = pd.concat([test, pd.DataFrame({"model": ["a"], "var_y": [25.0], "stratum": ["unknown"], "mean": 0.0,
                                           "y": 0.1})])

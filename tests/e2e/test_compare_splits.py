@@ -43,6 +43,8 @@ def test_the_test_split_control_switches_the_comparison(server, page):
     assert ranking_models(page) == set(BUNDLED)
     assert page.get_by_text("Test split: random 8:1:1", exact=False).count() == 1
     assert page.get_by_role("heading", name="Random vs spatial blocks").count() == 1, "both kinds: side by side"
+    assert page.get_by_text("two binomial standard errors", exact=False).count() == 1
+    assert any(c.startswith("± ") for c in ranking_cells(page)), "each coverage with its band"
 
     segment(page, "Test split", BLOCKS)
     eventually(lambda: ranking_splits(page) == {BLOCKS}, what="the ranking of the block runs")
@@ -51,6 +53,8 @@ def test_the_test_split_control_switches_the_comparison(server, page):
     assert ranking_models(page) == set(BUNDLED)
     assert page.get_by_text("Test split: spatial blocks of 10 km", exact=False).count() == 1
     assert page.get_by_text("Test split: random 8:1:1", exact=False).count() == 0
+    assert page.get_by_text("by held-out block", exact=False).count() == 1, "a block split's band is by block"
+    assert any(c.startswith("± ") for c in ranking_cells(page))
     page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
     screenshot(page, "compare-spatial-blocks.png")
 

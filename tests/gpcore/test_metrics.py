@@ -238,3 +238,25 @@ def test_warped_scores_of_a_box_cox_gaussian_equal_the_density_and_crps_by_integ
     assert s["crps"] == pytest.approx(np.mean(ref), rel=2e-4)
     lower, upper = from_model(mean - M.Z95 * np.sqrt(var)), from_model(mean + M.Z95 * np.sqrt(var))
     assert s["coverage"] == np.mean((u >= lower) & (u <= upper))
+
+
+def test_coverage_band_binomial_and_by_group_against_the_formulas():
+    """Two binomial SEs are 2 sqrt(0.95 * 0.05 / n); by group 2 sqrt(sum_g r_g^2) / n with r_g the group's sum of
+    (inside - 0.95), computed here by a loop; a group whose rows all fall inside or all outside widens the band."""
+    from gpcore.metrics import Z95, coverage, coverage_band
+
+    rng = np.random.default_rng(11)
+    n = 600
+    mean, var = rng.normal(size=n), rng.uniform(0.3, 2.0, size=n)
+    g = np.repeat(np.arange(30), 20)
+    shift = np.repeat(rng.normal(0, 1.2, size=30), 20)  # one error per group: rows of a group share it
+    y = mean + np.sqrt(var) * (0.5 * rng.normal(size=n) + shift)
+    b = coverage_band(mean, var, y, groups=g)
+    inside = np.abs(y - mean) <= Z95 * np.sqrt(var)
+    assert b["coverage"] == pytest.approx(coverage(mean, var, y), abs=0)
+    assert b["two_se"] == pytest.approx(2 * np.sqrt(0.95 * 0.05 / n), rel=1e-12)
+    r = np.array([np.sum(inside[g == k] - 0.95) for k in range(30)])
+    assert b["two_se_groups"] == pytest.approx(2 * np.sqrt(np.sum(r**2)) / n, rel=1e-12)
+    assert b["two_se_groups"] > 2 * b["two_se"], "shared errors within a group widen the band"
+    assert np.isnan(coverage_band(mean, var, y)["two_se_groups"])
+    assert np.isnan(coverage_band([], [], [])["coverage"])

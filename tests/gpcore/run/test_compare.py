@@ -168,3 +168,35 @@ def test_summary_and_ranking_of_a_hand_made_table():
     assert s.loc["b", "coverage_change"] == pytest.approx(-0.16)
     assert split_summary(table[table.split == "random"]).empty
     assert split_label("random", 10) == "random" and split_label("block", 2.5) == "block 2.5 km"
+
+
+def test_coverage_bands_by_held_out_block_on_a_block_run_and_binomial_on_a_random_one(both):
+    """Each group of a run's metrics gets its coverage (equal to the metrics') and a band: by the test rows'
+    ``block_km`` blocks on the block split (against the formula, looped by block), binomial on the random split."""
+    from gpcore import metrics as M
+    from gpcore.run import rundir
+    from gpcore.run.compare import coverage_bands
+    from gpcore.run.pipeline import NO_RECAL
+
+    for split in ("random", "block"):
+        run = both / "runs" / split / "svgp"
+        config = json.loads((run / "run.json").read_text())["config"]
+        test = rundir.read_test_predictions(run)
+        bands = coverage_bands(test, config).set_index("group")
+        metrics = rundir.read_metrics(run).set_index("group")
+        metrics = metrics[~metrics.index.str.endswith(NO_RECAL)]  # the same rows before recalibration: no band
+        assert set(bands.index) == set(metrics.index), "one band per group of the run's metrics"
+        for group in bands.index:
+            assert bands.loc[group, "coverage"] == pytest.approx(metrics.loc[group, "coverage"], abs=1e-12)
+            assert bands.loc[group, "n"] == metrics.loc[group, "n"]
+        inside = (np.abs(test["y"] - test["mean"]) <= M.Z95 * np.sqrt(test["var_y"])).to_numpy()
+        if split == "random":
+            assert (bands["band"] == "binomial").all()
+            assert bands.loc["all", "two_se"] == pytest.approx(2 * M.coverage_se(len(test)), rel=1e-12)
+            continue
+        assert (bands["band"] == "block").all()
+        blocks = block_ids(test["lon"].to_numpy(), test["lat"].to_numpy(), BLOCK_KM)
+        assert len(np.unique(blocks)) > 3
+        r = np.array([np.sum(inside[blocks == b] - 0.95) for b in np.unique(blocks)])
+        assert bands.loc["all", "two_se"] == pytest.approx(2 * np.sqrt(np.sum(r**2)) / len(test), rel=1e-12)
+        assert bands.loc["all", "two_se"] != pytest.approx(2 * M.coverage_se(len(test)), rel=1e-3)
