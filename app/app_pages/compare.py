@@ -5,6 +5,8 @@ spatial blocks (whole squares held out: test rows inside gaps). When the data se
 "Test split" control picks the kind and a table sets each model's random and block results side by side;
 when it has one kind the page says so and shows the command that makes the other. Runs with time as an input
 tested on later quarters (``--split forecast --test-period``) are a third kind, "Forecast (<test period>)".
+Every coverage comes with two standard errors, by held-out block on a block split and binomial otherwise
+(:func:`gpcore.run.compare.coverage_bands`; docs/metrics.md, "Coverage and its band").
 """
 
 from __future__ import annotations
