@@ -9,8 +9,9 @@ whose intervals cover 95 % only on random test rows is calibrated only between m
 
 Each run is written under ``OUT/runs/<split>/<model>`` and the combined table to
 ``OUT/metrics.{csv,md,json}`` with a ``split`` (and ``block_km``) column, ranked by the overall test
-NLL within each split; ``OUT/split_summary.csv`` holds each model's random-vs-block change in NLL
-and 95 % coverage. Metrics are in the transformed units the models train in (e.g. log10 Mbps).
+NLL within each split, each coverage with two SEs (``coverage_2se``, :func:`coverage_bands`);
+``OUT/split_summary.csv`` holds each model's random-vs-block change in NLL and 95 % coverage. Metrics are in the
+transformed units the models train in (e.g. log10 Mbps).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ COLUMNS = [
     "nll",
     "crps",
     "coverage",
+    "coverage_2se",
     "pi_width_mean",
     "pi_width_median",
     "fit_seconds",
@@ -112,6 +114,9 @@ def compare_models(base: RunConfig, models: list[str], out_dir, overrides: dict[
             cb = callback_factory(name) if callback_factory else None
             run_dir = execute_run(cfg, out / "runs" / split / name, callback=cb, prepared=prep, log=log)
             t = rundir.read_metrics(run_dir)
+            bands = coverage_bands(rundir.read_test_predictions(run_dir), cfg.to_dict())
+            band = bands[["group", "two_se"]].rename(columns={"two_se": "coverage_2se"})
+            t = t.merge(band, on="group", how="left")  # groups before recalibration: no band
             t.insert(0, "model", name)
             t.insert(1, "split", split)
             t.insert(2, "block_km", float(base.block_km) if split == "block" else np.nan)
@@ -233,7 +238,9 @@ def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -
     fmt = table.copy()
     for col in ("mae", "rmse", "nll", "crps", "pi_width_mean", "pi_width_median"):
         fmt[col] = fmt[col].map(lambda v: f"{v:.4f}")
-    fmt["coverage"] = fmt["coverage"].map(lambda v: f"{100 * v:.1f}%")
+    fmt["coverage"] = [f"{100 * c:.1f}% ± {100 * s:.1f}" + (" ✗" if abs(c - 0.95) > s else "") if np.isfinite(s)
+                       else f"{100 * c:.1f}%" for c, s in zip(fmt["coverage"], fmt["coverage_2se"], strict=True)]
+    fmt = fmt.drop(columns="coverage_2se")
     for col in ("fit_seconds", "predict_seconds"):
         fmt[col] = fmt[col].map(lambda v: f"{v:.2f}")
     names = {"random": "random 8:1:1", "block": f"spatial blocks of {base.block_km:g} km (8:1:1 by points)",
@@ -242,7 +249,8 @@ def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -
         f"# Model comparison\n\nData: `{base.data}` (quarter {base.quarter or 'default'}), target `{base.y}` "
         f"({base.transform}), split{'s' if len(splits) > 1 else ''} {' and '.join(names[s] for s in splits)}, "
         f"seed {base.seed}, strata {base.strata or 'none'}. Metrics on the test split in transformed units; "
-        "ranked by overall NLL within each split.\n"
+        "ranked by overall NLL within each split. Coverage ± two SEs (`coverage_2se`: by held-out block on a block "
+        "split, binomial otherwise; ✗ further than that from 95 %).\n"
     )
     parts = [header]
     titles = {"random": "Random split: test rows between training rows",

@@ -200,3 +200,15 @@ def test_coverage_bands_by_held_out_block_on_a_block_run_and_binomial_on_a_rando
         r = np.array([np.sum(inside[blocks == b] - 0.95) for b in np.unique(blocks)])
         assert bands.loc["all", "two_se"] == pytest.approx(2 * np.sqrt(np.sum(r**2)) / len(test), rel=1e-12)
         assert bands.loc["all", "two_se"] != pytest.approx(2 * M.coverage_se(len(test)), rel=1e-3)
+    # the compare table carries the same band (coverage_2se), and metrics.md writes it beside the coverage
+    table = pd.read_csv(both / "metrics.csv")
+    for split in ("random", "block"):
+        run = both / "runs" / split / "svgp"
+        config = json.loads((run / "run.json").read_text())["config"]
+        bands = coverage_bands(rundir.read_test_predictions(run), config).set_index("group")["two_se"]
+        rows = table[(table.split == split) & (table.model == "svgp")].set_index("group")
+        assert rows.loc["all", "coverage_2se"] == pytest.approx(bands["all"], rel=1e-9)
+        assert rows.loc[rows.index.str.endswith(NO_RECAL), "coverage_2se"].isna().all()
+        c, b = rows.loc["all", "coverage"], bands["all"]
+        cell = f"{100 * c:.1f}% ± {100 * b:.1f}{' ✗' if abs(c - 0.95) > b else ''} |"
+        assert cell in (both / "metrics.md").read_text()
