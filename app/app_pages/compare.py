@@ -164,7 +164,8 @@ def band_caption(kind: str) -> str:
     if kind.startswith("block:"):
         return ("**± 2 SE**: two standard errors of the coverage *by held-out block* — the tiles of one block share "
                 "their errors, so a block split's coverage scatters more than independent rows would (✗: further "
-                "than that from 95%).")
+                "than that from 95%). Estimated from the split's own blocks, so rough for a stratum with few of "
+                "them.")
     return "**± 2 SE**: two binomial standard errors of the coverage (✗: further than that from 95%)."
 
 
