@@ -142,21 +142,16 @@ def timings(overall: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def band_text(coverage: float, two_se: float) -> str:
-    """``"± 1.3"`` (two SEs of a coverage, percentage points), with ``✗`` when the coverage is further than that from
-    95 %; empty without a band."""
-    if not np.isfinite(two_se):
-        return ""
-    return f"± {100 * two_se:.1f}" + (" ✗" if abs(coverage - 0.95) > two_se else "")
-
-
 def format_metrics(df: pd.DataFrame) -> pd.DataFrame:
-    """Rounded copy for display (coverage as a percentage; ``two_se`` as its band, :func:`band_text`)."""
+    """Rounded copy for display (coverage as a percentage; ``two_se`` as its band,
+    :func:`gpcore.run.compare.band_text`)."""
     out = df.copy()
     for col in ("mae", "rmse", "nll", "crps", "pi_width_mean", "pi_width_median"):
         if col in out:
             out[col] = out[col].map(lambda v: f"{v:.4f}")
     if "two_se" in out:  # before "coverage" is formatted: the ✗ compares the numbers
+        from gpcore.run.compare import band_text
+
         out["two_se"] = [band_text(c, s) for c, s in zip(out["coverage"], out["two_se"], strict=True)]
         out = out.rename(columns={"two_se": "± 2 SE"})
     if "coverage" in out:

@@ -81,6 +81,7 @@ from scipy.special import ndtr
 
 from gpcore import metrics as M
 from gpcore.data.splits import block_ids
+from gpcore.run.compare import band_text
 from gpcore.run.config import RunConfig
 from gpcore.run.pipeline import prepare
 
@@ -140,10 +141,9 @@ def coverage_cell(mean, var_y, y, blocks=None) -> tuple[str, bool]:
     band = M.coverage_band(mean, var_y, y, groups=blocks)
     cov, two_se = band["coverage"], 2 * M.coverage_se(len(y))
     ok = abs(cov - 0.95) <= two_se
-    text = f"{100 * cov:.1f} ± {100 * two_se:.1f}{'' if ok else ' ✗'}"
+    text = f"{100 * cov:.1f} {band_text(cov, two_se)}"
     if blocks is not None and len(y):
-        two_block = band["two_se_groups"]
-        text += f" (± {100 * two_block:.1f}{'' if abs(cov - 0.95) <= two_block else ' ✗'} by block)"
+        text += f" ({band_text(cov, band['two_se_groups'])} by block)"
     return text, ok
 
 

@@ -194,6 +194,15 @@ def coverage_bands(test: pd.DataFrame, config: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def band_text(coverage: float, two_se: float) -> str:
+    """``"± 1.3"`` (two SEs of a coverage, percentage points), with ``✗`` when the coverage is further than that from
+    95 %; empty without a band (NaN). The one wording of :func:`coverage_bands`'s verdict: ``metrics.md`` and the
+    Compare page."""
+    if not np.isfinite(two_se):
+        return ""
+    return f"± {100 * two_se:.1f}" + (" ✗" if abs(coverage - 0.95) > two_se else "")
+
+
 def split_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Random vs spatial blocks per model: overall test NLL and 95 % coverage on each, and the change (block − random).
 
@@ -238,8 +247,8 @@ def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -
     fmt = table.copy()
     for col in ("mae", "rmse", "nll", "crps", "pi_width_mean", "pi_width_median"):
         fmt[col] = fmt[col].map(lambda v: f"{v:.4f}")
-    fmt["coverage"] = [f"{100 * c:.1f}% ± {100 * s:.1f}" + (" ✗" if abs(c - 0.95) > s else "") if np.isfinite(s)
-                       else f"{100 * c:.1f}%" for c, s in zip(fmt["coverage"], fmt["coverage_2se"], strict=True)]
+    fmt["coverage"] = [f"{100 * c:.1f}% {band_text(c, s)}".rstrip()
+                       for c, s in zip(fmt["coverage"], fmt["coverage_2se"], strict=True)]
     fmt = fmt.drop(columns="coverage_2se")
     for col in ("fit_seconds", "predict_seconds"):
         fmt[col] = fmt[col].map(lambda v: f"{v:.2f}")
