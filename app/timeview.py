@@ -103,7 +103,8 @@ def change_map(run: cache.RunData, key, t_from: str, t_to: str, *, widget_key: s
     up, down = int((p >= UNCERTAIN[1]).sum()), int((p <= UNCERTAIN[0]).sum())
     st.caption(f"{up:,} of {len(p):,} cells likely improved (P(improved) ≥ {UNCERTAIN[1]:g}), {down:,} likely "
                f"worse (≤ {UNCERTAIN[0]:g}), {len(p) - up - down:,} with an uncertain sign (grey). P(improved) = "
-               "P(change > 0) from the joint posterior of the two quarters (Var = v₁ + v₂ − 2c₁₂).")
+               "P(change > 0) from the joint posterior of the two quarters (Var = v₁ + v₂ − 2c₁₂), "
+               f"{table.attrs.get('hyper', 'at the fitted hyperparameters')}.")
 
 
 def change_panel(run: cache.RunData, key, t_from: str, t_to: str, xref) -> None:
@@ -123,7 +124,9 @@ def change_panel(run: cache.RunData, key, t_from: str, t_to: str, xref) -> None:
     c = st.columns([2, 3, 2])
     c[0].metric("Change", f"{mean:+.3f}", help=f"Posterior mean of f(x, to) − f(x, from), in {run.t_units}.")
     c[1].metric("Change 95% interval", f"[{lo:+.3f}, {hi:+.3f}]")
-    c[2].metric("P(improved)", f"{p:.3f}", help="P(change > 0) = Φ(mean / sd), from the joint posterior.")
+    c[2].metric("P(improved)", f"{p:.3f}", help="P(change > 0) from the joint posterior: Φ(mean / sd) at one set of "
+                "hyperparameters, averaged over draws of them where the model has their posterior (vecchia, dbk-nn "
+                "without features).")
     sign = "uncertain" if UNCERTAIN[0] < p < UNCERTAIN[1] else ("improved" if p >= UNCERTAIN[1] else "worse")
     ratio = (f" The median changed by {label(mean)} (95% interval {label(lo)} to {label(hi)})."
              if run.transform.name in ("log10", "log") else "")

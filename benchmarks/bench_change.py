@@ -15,9 +15,11 @@ on the validation rows too).
 
 Each ``--models`` model is fitted with its defaults and ``space_time="separable"`` (``--set`` overrides; the default
 ``time_trend`` learns a linear trend in the prior mean, which the truth does not have: its value is reported). Then
-:func:`gpcore.run.change.change_moments` gives the change ``D(x) = f(x, t2) - f(x, t1)`` at the held-out places for
-each ``--pairs`` pair of quarters: ``P(D > 0) = Phi(E[D] / sd[D])`` against the true sign of the drawn field's
-change, and the 95 % interval ``E[D] +- 1.96 sd[D]`` against the true change; for contrast the same from two
+:func:`gpcore.run.change.change_posterior` (what the CLI and the app show: the joint change averaged over
+``--hyper-draws`` draws of the hyperparameters' REML posterior) gives the change ``D(x) = f(x, t2) - f(x, t1)`` at the
+held-out places for each ``--pairs`` pair of quarters: ``P(D > 0)`` against the true sign of the drawn field's
+change, and its 95 % interval against the true change; for contrast the same at the fitted hyperparameters alone
+(:func:`gpcore.run.change.change_moments`, ``P = Phi(E[D] / sd[D])``, interval ``E[D] +- 1.96 sd[D]``) and from two
 independent marginals (``Var = v1 + v2``, ``v`` = the predictive latent variances of ``model.predict``). Two
 references per world: the exact GP with the true prior (calibrated by construction: what chance alone does to the
 bins) and the exact GP with each model's fitted kernel, noise and mean (``--no-dense`` skips it; the gap to the model
@@ -50,7 +52,7 @@ from gpcore import make_model
 from gpcore import metrics as M
 from gpcore.data.temporal import decimal_year
 from gpcore.models.spacetime import time_lengthscale_years
-from gpcore.run.change import change_moments, p_increase
+from gpcore.run.change import HYPER_DRAWS, change_moments, change_posterior, p_increase
 
 MODELS = "vecchia,dbk-nn"
 QUARTERS = ("2022Q1", "2022Q2", "2022Q3", "2022Q4")
@@ -61,7 +63,8 @@ LON, LAT = (-67.2, -65.6), (17.9, 18.5)
 HELD_OUT = 0.2
 BINS = 10
 ORACLE = "exact, true hyperparameters"
-JOINT = "change_moments (joint Vecchia)"
+JOINT = "change_posterior (joint, hyperparameters averaged)"
+PLUGIN = "change_moments (joint, fitted hyperparameters)"
 DENSE = "exact, its fitted hyperparameters"
 
 
@@ -145,9 +148,15 @@ def dense_change(kernel, noise_var: float, prior_mean, X, y, places, t1: float, 
     return mean, np.maximum(v1 + v2 - 2 * c12, 0.0), v1 + v2
 
 
-def frame(model: str, posterior: str, pair: str, seed: int, mean, var_joint, var_indep, true) -> pd.DataFrame:
+def frame(model: str, posterior: str, pair: str, seed: int, mean, var_joint, var_indep, true, p=None, lo=None,
+          hi=None) -> pd.DataFrame:
+    """One posterior's cells; ``p``, ``lo``, ``hi`` (P(D > 0) and the 95 % interval) default to the Gaussian's with
+    ``mean`` and ``var_joint`` (a mixture over hyperparameter draws gives its own)."""
+    sd = np.sqrt(var_joint)
     return pd.DataFrame({"model": model, "posterior": posterior, "pair": pair, "seed": seed, "mean": mean,
-                         "var_joint": var_joint, "var_indep": var_indep, "true": true})
+                         "var_joint": var_joint, "var_indep": var_indep, "true": true,
+                         "p": p_increase(mean, var_joint) if p is None else p,
+                         "lo": mean - M.Z95 * sd if lo is None else lo, "hi": mean + M.Z95 * sd if hi is None else hi})
 
 
 def oracle_rows(world: World, truth: Truth, pairs, seed: int) -> list[pd.DataFrame]:
@@ -162,17 +171,22 @@ def oracle_rows(world: World, truth: Truth, pairs, seed: int) -> list[pd.DataFra
     return out
 
 
-def model_rows(model, world: World, pairs, seed: int, name: str, dense: bool) -> list[pd.DataFrame]:
-    """Per held-out place and pair: :func:`change_moments` (joint) and two independent marginals of ``model``; with
-    ``dense`` also the exact GP at the model's fitted prior (kernel, noise, mean)."""
+def model_rows(model, world: World, pairs, seed: int, name: str, dense: bool,
+               hyper_draws: int = HYPER_DRAWS) -> list[pd.DataFrame]:
+    """Per held-out place and pair: :func:`change_posterior` (the default: joint, averaged over ``hyper_draws``
+    draws of the hyperparameters), :func:`change_moments` (joint, the fitted hyperparameters) and two independent
+    marginals of ``model``; with ``dense`` also the exact GP at the model's fitted prior (kernel, noise, mean)."""
     P = world.places[world.held_out]
     out = []
     for a, b in pairs:
         t1, t2 = world.t[a], world.t[b]
         mean, var = change_moments(model, P, t1, t2)
         v1, v2 = (model.predict(np.column_stack([P, np.full(len(P), t)])).var_f for t in (t1, t2))
+        var_i = np.asarray(v1) + np.asarray(v2)
         truth = true_change(world, a, b)
-        out.append(frame(name, JOINT, pair_label(a, b), seed, mean, var, np.asarray(v1) + np.asarray(v2), truth))
+        c = change_posterior(model, P, t1, t2, hyper_draws=hyper_draws, seed=seed)
+        out.append(frame(name, JOINT, pair_label(a, b), seed, c.mean, c.sd**2, var_i, truth, c.p, c.lo, c.hi))
+        out.append(frame(name, PLUGIN, pair_label(a, b), seed, mean, var, var_i, truth))
         if dense:
             m, vj, vi = dense_change(model.kernel, model.noise_variance, model.prior_mean_at, world.X, world.y, P, t1,
                                      t2)
@@ -200,9 +214,12 @@ def summary(cells: pd.DataFrame) -> pd.DataFrame:
         row = {"model": model, "posterior": post, "pair": pair, "seeds": c["seed"].nunique(), "cells": len(c)}
         for kind in ("joint", "indep"):
             var = c[f"var_{kind}"].to_numpy()
-            p = p_increase(c["mean"].to_numpy(), var)
+            if kind == "joint":
+                p, inside = c["p"].to_numpy(), ((c["lo"] <= c["true"]) & (c["true"] <= c["hi"])).to_numpy()
+            else:
+                p = p_increase(c["mean"].to_numpy(), var)
+                inside = np.abs(c["true"] - c["mean"]) <= M.Z95 * np.sqrt(var)
             rel = M.reliability(p, up, BINS, groups=c["seed"])
-            inside = np.abs(c["true"] - c["mean"]) <= M.Z95 * np.sqrt(var)
             # the coverage as a one-bin reliability of the constant forecast 0.95: binomial and by-seed SEs
             cov = M.reliability(np.full(len(c), 0.95), inside, bins=1, groups=c["seed"]).iloc[0]
             row.update({f"chi2_p_{kind}": chi2_p(rel["z"]), f"chi2_p_seeds_{kind}": chi2_p(rel["z_groups"]),
@@ -230,8 +247,7 @@ def chi2_p(z: pd.Series) -> float:
 def reliability_table(cells: pd.DataFrame) -> pd.DataFrame:
     parts = []
     for (model, post, pair), c in cells.groupby(["model", "posterior", "pair"], sort=False):
-        rel = M.reliability(p_increase(c["mean"].to_numpy(), c["var_joint"].to_numpy()), c["true"] > 0, BINS,
-                            groups=c["seed"])
+        rel = M.reliability(c["p"].to_numpy(), c["true"] > 0, BINS, groups=c["seed"])
         parts.append(rel.assign(model=model, posterior=post, pair=pair))
     return pd.concat(parts, ignore_index=True)
 
@@ -258,15 +274,16 @@ def markdown(s: pd.DataFrame, rel: pd.DataFrame, hyp: pd.DataFrame, truth: Truth
             f"{r.sd_indep:.4f} |")
     shown = rel[rel["posterior"] != DENSE]
     for pair, part in shown.groupby("pair", sort=False):
-        cols = list(dict.fromkeys(part["model"]))
+        cols = list(dict.fromkeys(zip(part["model"], part["posterior"], strict=True)))
+        names = [m if post != PLUGIN else f"{m}, fitted hyperparameters" for m, post in cols]
         lines += ["", f"### Reliability of the joint P(change > 0), {pair}: observed share of true increases / mean "
                   "P (z; ✗ beyond 2 binomial SEs)", "",
-                  "| P bin | " + " | ".join(cols) + " |",
+                  "| P bin | " + " | ".join(names) + " |",
                   "|---|" + "---|" * len(cols)]
         for lo, b in part.groupby("lo"):
             cells = []
-            for m in cols:
-                r = b[b["model"] == m]
+            for m, post in cols:
+                r = b[(b["model"] == m) & (b["posterior"] == post)]
                 cells.append("-" if not len(r) else
                              f"{r.observed.iloc[0]:.3f} / {r.p_mean.iloc[0]:.3f} ({r.z.iloc[0]:+.2f}"
                              f"{_mark(r.z.iloc[0])}; n {r.n.iloc[0]})")
@@ -309,6 +326,8 @@ def main(argv=None) -> int:
     ap.add_argument("--validation", type=float, default=0.1,
                     help="share of the observed rows that validates (default 0.1; 0: none, the fit runs to the "
                          "optimizer's convergence)")
+    ap.add_argument("--hyper-draws", type=int, default=HYPER_DRAWS,
+                    help=f"hyperparameter draws of change_posterior (default {HYPER_DRAWS}, the CLI's and the app's)")
     ap.add_argument("--no-dense", action="store_true",
                     help="skip the dense exact GP at each model's fitted hyperparameters (O(n^3) per world)")
     add_race_args(ap, smoke="one tiny world, tiny models")
@@ -333,7 +352,7 @@ def main(argv=None) -> int:
             val = (world.X[va], world.y[va]) if n_val else ()
             model = make_model(name, seed=seed, **settings).fit(world.X[tr], world.y[tr], *val)
             fit_s = time.perf_counter() - t0
-            cells += model_rows(model, world, pairs, seed, name, dense=not args.no_dense)
+            cells += model_rows(model, world, pairs, seed, name, dense=not args.no_dense, hyper_draws=args.hyper_draws)
             hyp.append({"model": name, "seed": seed, **learned(model)})
             stderr(f"seed {seed} {name}: {len(tr)} + {len(va)} rows, fit {fit_s:.1f} s, change "
                    f"{time.perf_counter() - t0 - fit_s:.1f} s; learned "
@@ -356,7 +375,8 @@ def main(argv=None) -> int:
               f"the sum of the bins' squared z against chi-squared with one degree per bin (by seed: with the "
               f"cluster-robust z); coverage ✗ when more than two binomial SEs from 95 % (in brackets "
               f"two SEs by seed and its verdict). Posteriors: "
-              f"'{JOINT}' is the model's change posterior as the CLI computes it; '{DENSE}' the exact GP with the "
+              f"'{JOINT}' is the model's change posterior as the CLI and the app compute it ({args.hyper_draws} "
+              f"draws); '{PLUGIN}' the same at the fitted hyperparameters alone; '{DENSE}' the exact GP with the "
               f"model's fitted kernel, noise and mean; '{ORACLE}' the exact GP with the prior the field was drawn "
               f"from (calibrated by construction).\n\n"
               f"{stamp(time.perf_counter() - t_start)}")

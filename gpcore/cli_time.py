@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpcore.errors import GPCoreError
+from gpcore.run.change import HYPER_DRAWS
 
 
 def add_time_commands(sub) -> None:
@@ -26,6 +27,9 @@ def add_time_commands(sub) -> None:
     p.add_argument("--from", dest="t_from", required=True, help="the earlier quarter t1, e.g. 2019Q4")
     p.add_argument("--to", dest="t_to", required=True, help="the later quarter t2, e.g. 2023Q4")
     p.add_argument("--level", type=float, default=0.95, help="level of the change interval (change_lo, change_hi)")
+    p.add_argument("--hyper-draws", type=int, default=HYPER_DRAWS,
+                   help=f"average the change over this many draws of the hyperparameters' posterior (REML, Laplace; "
+                        f"vecchia and dbk-nn without features; default {HYPER_DRAWS}); 0 = at the fitted values")
     p.add_argument("--out", required=True, help="output .parquet or .csv (cell_id, lon, lat, change_mean, "
                                                 "change_sd, change_lo, change_hi, p_increase)")
     p.set_defaults(func=cmd_change)
@@ -44,10 +48,12 @@ def cmd_change(args) -> int:
         raise type(e)(f"--out {e}") from None
     if not 0 < args.level < 1:
         raise GPCoreError(f"--level {args.level:g} is not a probability in (0, 1); use e.g. --level 0.95")
-    res = run_change(args.run_dir, args.t_from, args.t_to, level=args.level)
+    if args.hyper_draws < 0:
+        raise GPCoreError(f"--hyper-draws {args.hyper_draws} is negative; use 0 (the fitted hyperparameters) or more")
+    res = run_change(args.run_dir, args.t_from, args.t_to, level=args.level, hyper_draws=args.hyper_draws)
     t = res.table
     p = t["p_increase"].to_numpy()
-    print(f"change {res.t_from} -> {res.t_to} over {len(t)} cells, in {res.units}")
+    print(f"change {res.t_from} -> {res.t_to} over {len(t)} cells, in {res.units}; {res.hyper}")
     print(f"  median change {np.median(t['change_mean']):+.4f} (median sd {np.median(t['change_sd']):.4f}); "
           f"P(increase) > 0.95 in {int((p > 0.95).sum())} cells, < 0.05 in {int((p < 0.05).sum())}, "
           f"sign uncertain in {int(((p >= 0.05) & (p <= 0.95)).sum())}")

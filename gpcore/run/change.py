@@ -15,6 +15,13 @@ Nothing ``n x n`` is formed: the places go in chunks of ``chunk`` cells, each ch
 takes every ``K``-th cell (``K`` = the number of chunks), so its cells lie far apart and each place's nearest
 other place in the chunk is its own partner in time (the joint Vecchia posterior conditions on it directly).
 Formula and units: docs/methods/spacetime.md, "The change posterior".
+
+That is the change at one set of hyperparameters. :func:`change_posterior` (what the CLI and the app show) averages it
+over the hyperparameters' posterior where the model has one (``vecchia``, ``dbk-nn`` without features:
+:mod:`gpcore.models.vecchia_hyper`, REML and its Laplace approximation): ``hyper_draws`` models at seeded draws, each
+its own joint posterior; the change is the mixture of their Gaussians: ``P(D > 0)`` the average of the draws'
+``Phi(E_k / sd_k)``, mean and sd the mixture's, the interval its quantiles (docs/methods/spacetime.md,
+"Hyperparameter uncertainty").
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from gpcore.errors import ConfigError, DataError, RunError
 
 #: cells per posterior_cov call (2 x CHUNK places; a 2 CHUNK square matrix)
 CHUNK = 256
+#: hyperparameter draws a change averages over (0: the fitted hyperparameters plugged in)
+HYPER_DRAWS = 16
 COLUMNS = ("cell_id", "lon", "lat", "change_mean", "change_sd", "change_lo", "change_hi", "p_increase")
 
 
@@ -79,22 +88,89 @@ class ChangeResult:
     t_to: str
     units: str
     level: float
+    hyper: str = ""
 
 
-def change_table(model, cells, t1: float, t2: float, level: float = 0.95, chunk: int = CHUNK) -> pd.DataFrame:
-    """:data:`COLUMNS` per cell of ``cells`` (a frame with ``lon``, ``lat`` and optionally ``cell_id``): the change's
-    mean, sd, central ``level`` interval and ``p_increase = P(change > 0) = Phi(mean / sd)`` (1/2 where sd = 0 and
-    mean = 0)."""
+@dataclass
+class ChangePosterior:
+    """The change ``D(x)`` per place: mixture ``mean`` and ``sd``, central ``level`` interval ``lo``..``hi``, ``p`` =
+    ``P(D > 0)`` (shapes ``(n,)``), and how the hyperparameters entered (``hyper``: text; ``draws``: 0 = plugged in)."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    p: np.ndarray
+    draws: int
+    hyper: str
+
+
+def change_posterior(model, X, t1: float, t2: float, level: float = 0.95, chunk: int = CHUNK,
+                     hyper_draws: int = HYPER_DRAWS, seed: int = 0) -> ChangePosterior:
+    """The change ``f(x, t2) - f(x, t1)`` at each row of ``X`` (space columns), averaged over ``hyper_draws`` seeded
+    draws of the hyperparameters (module docstring) where the model has their posterior, else (or with
+    ``hyper_draws=0``) at the fitted ones (:func:`change_moments`)."""
+    from gpcore.models import vecchia_hyper
+
     if not 0 < level < 1:
         raise ConfigError(f"level must be in (0, 1), got {level}")
+    if hyper_draws < 0:
+        raise ConfigError(f"hyper_draws must be >= 0, got {hyper_draws}")
+    if hyper_draws and vecchia_hyper.supports(model):
+        post = vecchia_hyper.hyper_posterior(model)
+        parts = [change_moments(m, X, t1, t2, chunk) for m in vecchia_hyper.draws(model, hyper_draws, seed, post)]
+        means = np.stack([m for m, _ in parts], 1)
+        sds = np.sqrt(np.stack([v for _, v in parts], 1))
+        hyper = (f"averaged over {hyper_draws} draws of the hyperparameters (REML, Laplace; "
+                 f"{'converged' if post.converged else 'not converged'} in {post.iterations} iterations)")
+        draws = hyper_draws
+    else:
+        mean, var = change_moments(model, X, t1, t2, chunk)
+        means, sds = mean[:, None], np.sqrt(var)[:, None]
+        why = "" if not hyper_draws else f" ({type(model).__name__} has no hyperparameter posterior)"
+        hyper, draws = f"at the fitted hyperparameters{why}", 0
+    mean = means.mean(1)
+    var = np.maximum((sds**2 + means**2).mean(1) - mean**2, 0.0)
+    p = p_increase(means, sds**2).mean(1)
+    a = (1 - level) / 2
+    return ChangePosterior(mean, np.sqrt(var), mixture_quantile(means, sds, a), mixture_quantile(means, sds, 1 - a),
+                           p, draws, hyper)
+
+
+def mixture_quantile(means, sds, q: float, iterations: int = 60) -> np.ndarray:
+    """The ``q``-quantile of each row's equal-weight Gaussian mixture (``means``, ``sds``: ``n x K``; a zero sd is a
+    point mass), by bisection (``iterations`` halvings of the bracket; one component: ``mean + sd z_q`` exactly)."""
+    means, sds = np.asarray(means, dtype=np.float64), np.asarray(sds, dtype=np.float64)
+    if means.shape[1] == 1:
+        return means[:, 0] + sds[:, 0] * float(norm.ppf(q))
+    z = float(norm.ppf(q))
+    lo = (means + sds * min(z, 0.0) - 1e-12).min(1) - 1e-12
+    hi = (means + sds * max(z, 0.0) + 1e-12).max(1) + 1e-12
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        below = _mixture_cdf(mid, means, sds) < q
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def _mixture_cdf(x, means, sds) -> np.ndarray:
+    d = x[:, None] - means
+    safe = np.where(sds > 0, sds, 1.0)
+    return np.where(sds > 0, norm.cdf(d / safe), (d >= 0).astype(float)).mean(1)
+
+
+def change_table(model, cells, t1: float, t2: float, level: float = 0.95, chunk: int = CHUNK,
+                 hyper_draws: int = HYPER_DRAWS) -> pd.DataFrame:
+    """:data:`COLUMNS` per cell of ``cells`` (a frame with ``lon``, ``lat`` and optionally ``cell_id``): the change's
+    mean, sd, central ``level`` interval and ``p_increase = P(change > 0)`` of :func:`change_posterior` (1/2 where
+    sd = 0 and mean = 0); ``table.attrs["hyper"]`` says how the hyperparameters entered."""
     X = cells[["lon", "lat"]].to_numpy(dtype=np.float64)
-    mean, var = change_moments(model, X, t1, t2, chunk)
-    sd = np.sqrt(var)
-    z = float(norm.ppf(0.5 + level / 2))
-    p = p_increase(mean, var)
+    c = change_posterior(model, X, t1, t2, level, chunk, hyper_draws)
     ids = cells["cell_id"].to_numpy() if "cell_id" in cells.columns else np.arange(len(X))
-    return pd.DataFrame({"cell_id": ids, "lon": X[:, 0], "lat": X[:, 1], "change_mean": mean, "change_sd": sd,
-                         "change_lo": mean - z * sd, "change_hi": mean + z * sd, "p_increase": p})
+    out = pd.DataFrame({"cell_id": ids, "lon": X[:, 0], "lat": X[:, 1], "change_mean": c.mean, "change_sd": c.sd,
+                        "change_lo": c.lo, "change_hi": c.hi, "p_increase": c.p})
+    out.attrs["hyper"] = c.hyper
+    return out
 
 
 def units_text(cfg: dict) -> str:
@@ -108,7 +184,8 @@ def units_text(cfg: dict) -> str:
     return f"{y} units"
 
 
-def run_change(run_dir, t_from: str, t_to: str, level: float = 0.95, chunk: int = CHUNK) -> ChangeResult:
+def run_change(run_dir, t_from: str, t_to: str, level: float = 0.95, chunk: int = CHUNK,
+               hyper_draws: int = HYPER_DRAWS) -> ChangeResult:
     """The change between quarters ``t_from`` and ``t_to`` (``"2019Q4"``) at every grid cell of a stored run with
     time as an input. Quarters outside the run's data are allowed (the GP extrapolates; the interval says how well).
     Errors name the flags ``--from`` / ``--to``."""
@@ -127,5 +204,5 @@ def run_change(run_dir, t_from: str, t_to: str, level: float = 0.95, chunk: int 
     cells = rundir.read_grid(run_dir)
     if cells is None:
         raise RunError(f"run '{run_dir}' has no prediction grid (fitted with --grid none); refit it with a grid")
-    table = change_table(model, cells, t1, t2, level, chunk)
-    return ChangeResult(table, t_from, t_to, units_text(cfg), level)
+    table = change_table(model, cells, t1, t2, level, chunk, hyper_draws)
+    return ChangeResult(table, t_from, t_to, units_text(cfg), level, table.attrs.get("hyper", ""))

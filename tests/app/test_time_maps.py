@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 from streamlit.testing.v1 import AppTest
 
 from tests.app.conftest import PLAIN_RUN, TIME_RUN, click_grid, gridmaps, linked_page
@@ -75,7 +74,8 @@ def test_the_change_map_gives_p_improved_from_the_joint_posterior(time_env):
     click_grid(at, f"pick_{TIME_RUN}", i, float(cell.lon), float(cell.lat))
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["P(improved)"] == f"{norm.cdf(cell.change_mean / cell.change_sd):.3f}", "P(improved) = Phi(mean/sd)"
+    assert metrics["P(improved)"] == f"{cell.p_increase:.3f}", "the change posterior's P (the draws' mixture)"
+    assert any("averaged over 16 draws of the hyperparameters" in c.value for c in at.caption)
     assert metrics["Change"] == f"{cell.change_mean:+.3f}"
     assert metrics["Change 95% interval"] == f"[{cell.change_lo:+.3f}, {cell.change_hi:+.3f}]"
     assert any(f"cell `{int(cell.cell_id)}`" in m.value for m in at.markdown)

@@ -160,9 +160,10 @@ def test_predict_at_a_quarter(st_run, st_csv, tmp_path):
 
 def test_change_command(st_run, tmp_path, capsys):
     out = tmp_path / "change.csv"
-    assert main(["change", str(st_run), "--from", "2019Q2", "--to", "2020Q3", "--out", str(out)]) == 0
+    assert main(["change", str(st_run), "--from", "2019Q2", "--to", "2020Q3", "--hyper-draws", "0",
+                 "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "log10(download_mbps)" in text and "2019Q2 -> 2020Q3" in text
+    assert "log10(download_mbps)" in text and "2019Q2 -> 2020Q3" in text and "at the fitted hyperparameters" in text
     t = pd.read_csv(out)
     assert list(t.columns) == ["cell_id", "lon", "lat", "change_mean", "change_sd", "change_lo", "change_hi",
                                "p_increase"]
@@ -174,6 +175,14 @@ def test_change_command(st_run, tmp_path, capsys):
     a = pd.read_parquet(st_run / "grids" / "2019Q2.parquet")["mean_t"]
     b = pd.read_parquet(st_run / "grids" / "2020Q3.parquet")["mean_t"]
     np.testing.assert_allclose(t["change_mean"], b - a, atol=1e-6)
+    # the default: averaged over the hyperparameters' draws (a mixture: wider, P from the draws)
+    mixed = tmp_path / "mixed.parquet"
+    assert main(["change", str(st_run), "--from", "2019Q2", "--to", "2020Q3", "--out", str(mixed)]) == 0
+    assert "averaged over 16 draws of the hyperparameters" in capsys.readouterr().out
+    m = pd.read_parquet(mixed)
+    assert m["cell_id"].tolist() == t["cell_id"].tolist()
+    assert ((m["change_lo"] < m["change_mean"]) & (m["change_mean"] < m["change_hi"])).all()
+    assert m["p_increase"].between(0, 1).all() and not np.allclose(m["p_increase"], t["p_increase"], atol=1e-3)
 
 
 def test_compare_with_the_forecast_split(st_csv, tmp_path):
@@ -225,6 +234,8 @@ def test_command_errors(st_run, spatial_run, tmp_path, capsys):
                        "--out")
     _expect_user_error(capsys, ["change", str(spatial_run), "--from", "2019Q1", "--to", "2020Q1", "--out", out],
                        "not fitted with time as an input")
+    _expect_user_error(capsys, ["change", str(st_run), "--from", "2019Q1", "--to", "2020Q1", "--hyper-draws", "-1",
+                                "--out", out], "--hyper-draws -1")
     pd.DataFrame({"lon": np.linspace(-66.9, -66.0, 12), "lat": np.linspace(18.0, 18.4, 12)}).to_csv(
         tmp_path / "one.csv", index=False)
     _expect_user_error(capsys, ["predict", str(spatial_run), "--data", str(tmp_path / "one.csv"), "--at", "2020Q1",

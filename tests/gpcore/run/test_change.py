@@ -3,7 +3,8 @@ float64 oracle built in numpy from the model's own prior kernel, noise and mean 
 a^2 phi phi^T + k_r, its features kept): with every point conditioning on all its predecessors (m = n - 1) the
 chunked joint change variance equals the exact GP's var(f(x, t2) - f(x, t1)) = v1 + v2 - 2 c12, the mean its mean
 difference, and p_increase = Phi(mean / sd); the independent-marginals variance v1 + v2 is not it. Calibration of
-P(change > 0) on drawn fields: benchmarks/bench_change.py."""
+P(change > 0) on drawn fields: benchmarks/bench_change.py. The change averaged over the hyperparameters' draws is
+the mixture of the draws' changes, each one of the above at its own hyperparameters."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch
 from scipy.stats import norm
 
 from gpcore import make_model
-from gpcore.run.change import change_moments, change_table, p_increase
+from gpcore.models import vecchia_hyper
+from gpcore.run.change import change_moments, change_posterior, change_table, mixture_quantile, p_increase
 
 QUARTERS = 2019.125 + 0.25 * np.arange(4)
 
@@ -79,13 +81,14 @@ def test_change_variance_is_the_dense_joint_one_at_m_n_minus_1(name, kind, chunk
     assert np.all(indep > 1.02 * d_var), "the covariance term matters: two independent marginals overstate it"
 
 
-def test_table_columns_interval_and_p_increase():
+def test_table_columns_interval_and_p_increase_at_the_fitted_hyperparameters():
     model, X, y = _fit("separable")
     cells = _cells()
     import pandas as pd
 
     frame = pd.DataFrame({"cell_id": np.arange(100, 123), "lon": cells[:, 0], "lat": cells[:, 1]})
-    t = change_table(model, frame, 2019.125, 2019.875, level=0.9, chunk=5)
+    t = change_table(model, frame, 2019.125, 2019.875, level=0.9, chunk=5, hyper_draws=0)
+    assert t.attrs["hyper"] == "at the fitted hyperparameters"
     assert list(t.columns) == ["cell_id", "lon", "lat", "change_mean", "change_sd", "change_lo", "change_hi",
                                "p_increase"]
     assert t["cell_id"].tolist() == list(range(100, 123))
@@ -94,6 +97,50 @@ def test_table_columns_interval_and_p_increase():
     np.testing.assert_allclose(t["change_mean"] - t["change_lo"], norm.ppf(0.95) * t["change_sd"])
     same = change_table(model, frame, 2019.125, 2019.125)
     assert np.allclose(same["change_mean"], 0) and np.allclose(same["change_sd"], 0, atol=1e-6)
+
+
+def test_the_default_change_is_the_mixture_over_hyperparameter_draws_and_leaves_the_model_alone():
+    model, X, y = _fit("separable")
+    cells = _cells()
+    t1, t2 = 2019.375, 2020.125
+    before = {k: v.clone() for k, v in model.module_.state_dict().items()}
+    c = change_posterior(model, cells, t1, t2, level=0.9, hyper_draws=5, seed=3)
+    for k, v in model.module_.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert c.draws == 5 and "5 draws" in c.hyper
+    # each draw: the exact GP's change at the draw's hyperparameters and GLS mean (m = n - 1)
+    post = vecchia_hyper.hyper_posterior(model)
+    parts = [_dense_change(m, X, y, cells, t1, t2)[:2] for m in vecchia_hyper.draws(model, 5, 3, post)]
+    means, sds = np.stack([m for m, _ in parts], 1), np.sqrt(np.stack([v for _, v in parts], 1))
+    assert np.ptp(sds, axis=1).min() > 1e-3, "the draws differ"
+    np.testing.assert_allclose(c.p, norm.cdf(means / sds).mean(1), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(c.mean, means.mean(1), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(c.sd**2, (sds**2 + means**2).mean(1) - means.mean(1) ** 2, rtol=1e-6)
+    for q, v in ((0.05, c.lo), (0.95, c.hi)):  # the mixture's quantiles
+        np.testing.assert_allclose(norm.cdf((v[:, None] - means) / sds).mean(1), q, atol=1e-9)
+    plug = change_posterior(model, cells, t1, t2, hyper_draws=0)
+    assert not np.allclose(plug.p, c.p, atol=1e-3)
+
+
+def test_a_model_without_a_hyperparameter_posterior_keeps_its_fitted_ones():
+    model, X, y = _fit("separable", "dbk-nn")
+    c = change_posterior(model, _cells(), 2019.375, 2020.125)
+    mean, var = change_moments(model, _cells(), 2019.375, 2020.125)
+    assert c.draws == 0 and "DBKNN has no hyperparameter posterior" in c.hyper
+    np.testing.assert_allclose(c.p, p_increase(mean, var))
+    np.testing.assert_allclose(c.hi, mean + norm.ppf(0.975) * np.sqrt(var))
+
+
+def test_mixture_quantile_solves_the_mixture_cdf_and_is_exact_for_one_component():
+    rng = np.random.default_rng(0)
+    means, sds = rng.normal(size=(50, 7)), rng.uniform(0.05, 2.0, (50, 7))
+    sds[0] = 0.0  # point masses: the quantile is one of them
+    for q in (0.025, 0.5, 0.975):
+        x = mixture_quantile(means, sds, q)
+        np.testing.assert_allclose(norm.cdf((x[1:, None] - means[1:]) / sds[1:]).mean(1), q, atol=1e-10)
+        assert np.min(np.abs(x[0] - means[0])) < 1e-9
+    np.testing.assert_allclose(mixture_quantile(means[:, :1], sds[:, :1], 0.9),
+                               means[:, 0] + norm.ppf(0.9) * sds[:, 0])
 
 
 def test_p_increase_is_phi_of_mean_over_sd_and_the_sign_at_zero_variance():
