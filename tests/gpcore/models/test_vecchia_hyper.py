@@ -173,3 +173,15 @@ def test_a_model_with_features_has_no_reml_posterior():
     assert model.features_used and not vh.supports(model)
     with pytest.raises(InputError, match="no REML"):
         vh.working_copy(model)
+
+
+def test_the_posterior_is_kept_until_the_model_changes():
+    model, X, y = _fit()
+    post = vh.hyper_posterior(model)
+    assert vh.hyper_posterior(model) is post
+    model.condition_on(X[:3] + 0.01, y[:3])  # more conditioning rows: a new posterior
+    again = vh.hyper_posterior(model)
+    assert again is not post and not np.allclose(again.mode, post.mode, rtol=1e-6)
+    with torch.no_grad():
+        model.module_.raw_noise.add_(0.5)  # a new start: the same data, so the same mode from another start
+    assert vh.hyper_posterior(model) is not again
