@@ -97,11 +97,13 @@ def st_suggest(path: str, stamp: float, k: int, target: str, threshold: float, u
 # ---------------------------------------------------------------------------------------------
 
 
-@st.cache_data(show_spinner="Computing the change between the quarters (joint posterior) ...", max_entries=16)
+@st.cache_data(show_spinner="Computing the change between the quarters (joint posterior, averaged over draws of the "
+                             "hyperparameters: minutes on a run with 100,000 rows) ...", max_entries=16)
 def st_change(path: str, stamp: float, t_from: str, t_to: str, level: float = 0.95) -> pd.DataFrame:
     """The posterior of ``f(x, to) - f(x, from)`` at every grid cell (:func:`gpcore.run.change.change_table`: the
-    joint posterior's ``v1 + v2 - 2 c12``, not two marginals) with ``p_increase = P(change > 0)``, in model units.
-    Cached per ``(run, from, to)``: one ``posterior_cov`` call per chunk of 256 cells."""
+    joint posterior's ``v1 + v2 - 2 c12``, not two marginals, averaged over 16 draws of the hyperparameters where the
+    model has their posterior) with ``p_increase = P(change > 0)``, in model units. Cached per ``(run, from, to)``;
+    the hyperparameters' posterior is kept on the cached model, so another pair of quarters reuses it."""
     from gpcore.data.temporal import parse_quarter
     from gpcore.run.change import change_table
 
