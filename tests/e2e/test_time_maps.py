@@ -99,6 +99,7 @@ def test_slider_and_change_map_in_the_browser(time_server, page):
     no_exception(page)
     assert page.get_by_text(re.compile(r"sign uncertain: 0\.1 < P\(improved\) < 0\.9")).count() == 1
     assert "map=change" in page.url
+    assert page.get_by_text(re.compile(r"averaged over 16 draws of the hyperparameters")).count() == 1
     line = click_grid(page, 0.45, 0.5)
     assert line.startswith("Kernel slice at x_ref")
     page.get_by_text("P(improved)", exact=True).first.wait_for(timeout=30_000)
