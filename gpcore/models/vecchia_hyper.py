@@ -133,9 +133,9 @@ def set_mean(mod, beta: np.ndarray) -> None:
 
 
 def working_copy(model):
-    """A shallow copy of ``model`` with its own module (hyperparameters in float64) that shares the training data
-    and the neighbour index, so that setting hyperparameters on it leaves ``model`` as it is (several app sessions
-    may share one model)."""
+    """A shallow copy of ``model`` with its own module (hyperparameters and mean in float64) that shares the training
+    data and the neighbour index, so that setting hyperparameters on it leaves ``model`` as it is (several app
+    sessions may share one model)."""
     if not supports(model):
         raise InputError(f"{type(model).__name__} has no REML hyperparameter posterior (vecchia, or dbk-nn without "
                          "features)")
@@ -143,8 +143,11 @@ def working_copy(model):
     memo = {id(getattr(mod, b)): getattr(mod, b) for b in _SHARED}
     clone = copy.copy(model)
     clone.module_ = copy.deepcopy(mod, memo)
+    own = [q for _, q, _ in _hyper_params(clone.module_)] + [clone.module_.mu0, getattr(clone.module_, "trend", None)]
+    for p in own:  # the hyperparameters and the mean in float64 (a feature network keeps its dtype)
+        if p is not None:
+            p.data = p.data.double()
     for p in clone.module_.parameters():
-        p.data = p.data.double()
         p.grad = None
     clone._joint_cache = None
     clone.train_info_ = dict(getattr(model, "train_info_", {}) or {})

@@ -185,3 +185,25 @@ def test_the_posterior_is_kept_until_the_model_changes():
     with torch.no_grad():
         model.module_.raw_noise.add_(0.5)  # a new start: the same data, so the same mode from another start
     assert vh.hyper_posterior(model) is not again
+
+
+def test_a_float32_dbknn_without_features_draws_like_the_vecchia_gp():
+    """The default dtype: the feature network stays float32 beside float64 hyperparameters."""
+    X, y = _world()
+    kw = {"space_time": "separable", "device": "cpu", "epochs": 3, "seed": 0}
+    dbknn = make_model("dbk-nn", dbk_rank=8, dbk_hidden=8, dbk_blocks=1, dbk_epochs=1, feature_check=False,
+                       **kw).fit(X, y)
+    dbknn.module_.features_on = False
+    dbknn.finalize(dbknn.scale_x(X), dbknn.scale_y(y))
+    theta = vh.get_theta(dbknn) + 0.1
+    draw = vh.at_theta(dbknn, theta)
+    assert next(draw.module_.dbk.parameters()).dtype == torch.float32
+    np.testing.assert_allclose(vh.get_theta(draw), theta, rtol=1e-12)
+    # the residual GP alone: its predictions are the Vecchia GP's at the same hyperparameters and mean
+    vecchia = make_model("vecchia", **kw).fit(X, y)
+    vecchia.module_.load_state_dict({k: v for k, v in dbknn.module_.state_dict().items()
+                                     if k in vecchia.module_.state_dict()})
+    ref = vh.at_theta(vecchia, theta)
+    Z = X[:7] + 0.02
+    np.testing.assert_allclose(draw.predict(Z).mean, ref.predict(Z).mean, rtol=1e-5)
+    np.testing.assert_allclose(draw.predict(Z).var_f, ref.predict(Z).var_f, rtol=1e-4)
