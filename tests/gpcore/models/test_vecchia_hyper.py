@@ -207,3 +207,29 @@ def test_a_float32_dbknn_without_features_draws_like_the_vecchia_gp():
     Z = X[:7] + 0.02
     np.testing.assert_allclose(draw.predict(Z).mean, ref.predict(Z).mean, rtol=1e-5)
     np.testing.assert_allclose(draw.predict(Z).var_f, ref.predict(Z).var_f, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_a_weighted_fit_s_reml_has_each_row_s_noise():
+    """Weights: row i's noise is tau^2 + s2 / w_i (the nugget held at its fitted value, not drawn)."""
+    X, y = _world()
+    n = len(y)
+    w = np.random.default_rng(1).integers(1, 9, n).astype(float)
+    model = make_model("vecchia", space_time="separable", dtype="float64", device="cpu", epochs=3, neighbors=n - 1,
+                       pred_neighbors=n, seed=0).fit(X, y, weights=w)
+    work = vh.working_copy(model)
+    mod = work.module_
+    noise = work._group_noise(torch.arange(n))
+    assert noise.std() > 0.1 * noise.mean(), "the rows' noise differs"
+    Xs, ys = mod.X_train.double(), mod.y_train.double()
+    K = mod.K(Xs, Xs).double() + torch.diag(noise.double())
+    H = vh.design(mod, Xs)
+    L = torch.linalg.cholesky(K)
+    A = H.T @ torch.cholesky_solve(H, L)
+    beta = torch.linalg.solve(A, H.T @ torch.cholesky_solve(ys[:, None], L)).ravel()
+    r = (ys - H @ beta)[:, None]
+    R = (0.5 * (r * torch.cholesky_solve(r, L)).sum() + torch.log(torch.diagonal(L)).sum() + 0.5 * torch.logdet(A)
+         + 0.5 * (n - 2) * math.log(2 * math.pi))
+    value, _, b = vh.reml(work, grad=False)
+    assert value == pytest.approx(float(R), rel=1e-9)
+    np.testing.assert_allclose(b, beta.numpy(), rtol=1e-8)
