@@ -116,18 +116,26 @@ def change_posterior(model, X, t1: float, t2: float, level: float = 0.95, chunk:
         raise ConfigError(f"level must be in (0, 1), got {level}")
     if hyper_draws < 0:
         raise ConfigError(f"hyper_draws must be >= 0, got {hyper_draws}")
+    means = None
+    why = "" if not hyper_draws else f" ({type(model).__name__} has no hyperparameter posterior)"
     if hyper_draws and vecchia_hyper.supports(model):
-        post = vecchia_hyper.hyper_posterior(model)
-        parts = [change_moments(m, X, t1, t2, chunk) for m in vecchia_hyper.draws(model, hyper_draws, seed, post)]
-        means = np.stack([m for m, _ in parts], 1)
-        sds = np.sqrt(np.stack([v for _, v in parts], 1))
-        hyper = (f"averaged over {hyper_draws} draws of the hyperparameters (REML, Laplace; "
-                 f"{'converged' if post.converged else 'not converged'} in {post.iterations} iterations)")
-        draws = hyper_draws
-    else:
+        try:
+            post = vecchia_hyper.hyper_posterior(model)
+            if not (np.isfinite(post.mode).all() and np.isfinite(post.cov).all()):
+                raise ValueError("a non-finite REML mode or covariance")
+            parts = [change_moments(m, X, t1, t2, chunk) for m in vecchia_hyper.draws(model, hyper_draws, seed, post)]
+            means = np.stack([m for m, _ in parts], 1)
+            sds = np.sqrt(np.stack([v for _, v in parts], 1))
+            if not (np.isfinite(means).all() and np.isfinite(sds).all()):
+                raise ValueError("a draw's change is not finite")
+            hyper = (f"averaged over {hyper_draws} draws of the hyperparameters (REML, Laplace; "
+                     f"{'converged' if post.converged else 'not converged'} in {post.iterations} iterations)")
+            draws = hyper_draws
+        except (RuntimeError, ValueError, np.linalg.LinAlgError) as e:  # a numerical failure: keep the plug-in
+            means, why = None, f" (averaging over the hyperparameters failed: {e})"
+    if means is None:
         mean, var = change_moments(model, X, t1, t2, chunk)
         means, sds = mean[:, None], np.sqrt(var)[:, None]
-        why = "" if not hyper_draws else f" ({type(model).__name__} has no hyperparameter posterior)"
         hyper, draws = f"at the fitted hyperparameters{why}", 0
     mean = means.mean(1)
     var = np.maximum((sds**2 + means**2).mean(1) - mean**2, 0.0)

@@ -146,3 +146,16 @@ def test_mixture_quantile_solves_the_mixture_cdf_and_is_exact_for_one_component(
 def test_p_increase_is_phi_of_mean_over_sd_and_the_sign_at_zero_variance():
     np.testing.assert_allclose(p_increase([0.1, -0.3, 0.0], [0.01, 0.09, 4.0]), norm.cdf([1.0, -1.0, 0.0]))
     assert p_increase([2.0, -1e-9, 0.0], [0.0, 0.0, 0.0]).tolist() == [1.0, 0.0, 0.5]
+
+
+def test_a_failed_hyperparameter_posterior_falls_back_to_the_fitted_ones(monkeypatch):
+    model, X, y = _fit("separable")
+
+    def fail(model):
+        raise torch.linalg.LinAlgError("cholesky: not positive-definite")
+
+    monkeypatch.setattr(vecchia_hyper, "hyper_posterior", fail)
+    c = change_posterior(model, _cells(), 2019.375, 2020.125)
+    mean, var = change_moments(model, _cells(), 2019.375, 2020.125)
+    assert c.draws == 0 and "averaging over the hyperparameters failed: cholesky" in c.hyper
+    np.testing.assert_allclose(c.p, p_increase(mean, var))
