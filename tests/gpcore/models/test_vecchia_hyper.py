@@ -41,10 +41,12 @@ def _fit(name="vecchia", kind="separable", **kw):
 
 
 @torch.no_grad()
-def _dense_reml(mod, Xs, ys):
-    """(R, beta_hat) of the exact GP from the module's own dense kernel, float64."""
+def _dense_reml(mod, Xs, ys, noise=None):
+    """(R, beta_hat) of the exact GP from the module's own dense kernel, float64 (``noise``: each row's variance;
+    default the module's noise for every row)."""
     n = len(ys)
-    K = mod.K(Xs, Xs).double() + mod.noise.double() * torch.eye(n, dtype=torch.float64)
+    noise = mod.noise.double() * torch.ones(n, dtype=torch.float64) if noise is None else noise.double()
+    K = mod.K(Xs, Xs).double() + torch.diag(noise)
     H = vh.design(mod, Xs)
     L = torch.linalg.cholesky(K)
     A = H.T @ torch.cholesky_solve(H, L)
@@ -221,15 +223,7 @@ def test_a_weighted_fit_s_reml_has_each_row_s_noise():
     mod = work.module_
     noise = work._group_noise(torch.arange(n))
     assert noise.std() > 0.1 * noise.mean(), "the rows' noise differs"
-    Xs, ys = mod.X_train.double(), mod.y_train.double()
-    K = mod.K(Xs, Xs).double() + torch.diag(noise.double())
-    H = vh.design(mod, Xs)
-    L = torch.linalg.cholesky(K)
-    A = H.T @ torch.cholesky_solve(H, L)
-    beta = torch.linalg.solve(A, H.T @ torch.cholesky_solve(ys[:, None], L)).ravel()
-    r = (ys - H @ beta)[:, None]
-    R = (0.5 * (r * torch.cholesky_solve(r, L)).sum() + torch.log(torch.diagonal(L)).sum() + 0.5 * torch.logdet(A)
-         + 0.5 * (n - 2) * math.log(2 * math.pi))
+    R, beta = _dense_reml(mod, mod.X_train.double(), mod.y_train.double(), noise)
     value, _, b = vh.reml(work, grad=False)
     assert value == pytest.approx(float(R), rel=1e-9)
     np.testing.assert_allclose(b, beta.numpy(), rtol=1e-8)
