@@ -141,6 +141,7 @@ def working_copy(model):
                          "features)")
     mod = model.module_
     memo = {id(getattr(mod, b)): getattr(mod, b) for b in _SHARED}
+    model._neighbor_tree()  # built once on the model and shared: it depends on the inputs only, not on theta
     clone = copy.copy(model)
     clone.module_ = copy.deepcopy(mod, memo)
     own = [q for _, q, _ in _hyper_params(clone.module_)] + [clone.module_.mu0, getattr(clone.module_, "trend", None)]

@@ -227,3 +227,10 @@ def test_a_weighted_fit_s_reml_has_each_row_s_noise():
     value, _, b = vh.reml(work, grad=False)
     assert value == pytest.approx(float(R), rel=1e-9)
     np.testing.assert_allclose(b, beta.numpy(), rtol=1e-8)
+
+
+def test_draws_share_the_model_s_neighbour_index():
+    model, _, _ = _fit()
+    model._tree = None
+    work = vh.working_copy(model)
+    assert model._tree is not None and work._neighbor_tree() is model._tree
