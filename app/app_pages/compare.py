@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import cache, charts, state
+from app import bands, cache, charts, state
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
@@ -147,28 +147,6 @@ def split_summary_table(runs) -> pd.DataFrame:
     })
 
 
-def with_band(m: pd.DataFrame, key, config: dict) -> pd.DataFrame:
-    """``m`` (a run's metrics) with ``two_se``: two SEs of each group's coverage, by held-out block on a block split,
-    else binomial (:func:`gpcore.run.compare.coverage_bands`); NaN where the run's test predictions cannot give it
-    (a group before recalibration, a run without its test table)."""
-    from gpcore.run.compare import coverage_bands
-
-    try:
-        bands = coverage_bands(cache.st_test_predictions(*key), config)
-    except (GPCoreError, KeyError, ValueError):  # the metrics are still compared, without their band
-        return m.assign(two_se=np.nan)
-    return m.merge(bands[["group", "two_se"]], on="group", how="left")
-
-
-def band_caption(kind: str) -> str:
-    if kind.startswith("block:"):
-        return ("**± 2 SE**: two standard errors of the coverage *by held-out block* — the tiles of one block share "
-                "their errors, so a block split's coverage scatters more than independent rows would (✗: further "
-                "than that from 95%). Estimated from the split's own blocks, so rough for a stratum with few of "
-                "them.")
-    return "**± 2 SE**: two binomial standard errors of the coverage (✗: further than that from 95%)."
-
-
 def names_for(infos) -> dict[str, str]:
     """Short unique chart names: the model, plus the run's time (or "bundled") when a model repeats."""
     base = [i.model for i in infos]
@@ -203,7 +181,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         m.insert(0, "model", names[info.run_id])
         m.insert(1, "split", split_name(split_key(info)))
         m["run"] = cache.run_title(info.run_id, info.manifest)
-        metrics.append(with_band(m, keys[info.run_id], info.manifest.get("config", {})))
+        metrics.append(bands.with_band(m, keys[info.run_id], info.manifest.get("config", {})))
     if not metrics:
         st.warning("The chosen runs have no metrics.")
         return
@@ -218,7 +196,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
     overall.insert(0, "rank", np.arange(1, len(overall) + 1))
     st.subheader("Ranking")
     st.markdown(split_caption(kind))
-    st.caption(band_caption(kind))
+    st.caption(bands.band_caption(kind))
     st.dataframe(charts.format_metrics(overall[["rank", "model", "split", *[c for c in METRIC_COLS if c in overall],
                                                 "run"]]),
                  hide_index=True, width="stretch", column_config=SPLIT_COLUMN)

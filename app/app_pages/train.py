@@ -13,7 +13,7 @@ import inspect
 import pandas as pd
 import streamlit as st
 
-from app import cache, jobs, navigation, state, train_time, widgets
+from app import bands, cache, jobs, navigation, state, train_time, widgets
 from app.modelinfo import training_note
 from app.safe_html import md_code, md_text
 from gpcore.errors import GPCoreError
@@ -101,7 +101,11 @@ def finished_panel(job: jobs.TrainingJob) -> None:
         c = st.columns(4)
         c[0].metric("Test NLL", f"{m.get('nll', float('nan')):.3f}")
         c[1].metric("Test MAE", f"{m.get('mae', float('nan')):.3f}")
-        c[2].metric("95% coverage", f"{100 * m.get('coverage', float('nan')):.1f}%")
+        from gpcore.run.rundir import stamp
+
+        value, band = bands.overall((str(run.path), stamp(run.path)), run.manifest.get("config", {}),
+                                    m.get("coverage", float("nan")))
+        c[2].metric("95% coverage", value, help=band)
         c[3].metric("Fit time", f"{run.manifest.get('timings', {}).get('fit_seconds', float('nan')):.1f} s")
         st.caption(f"Metrics on the test split in {run.t_units or 'target units'}.")
         decided = training_note(run.manifest)

@@ -117,6 +117,15 @@ def test_a_short_training_run_completes_and_lands_in_the_store(app, store):
     assert run.manifest["config"]["settings"] == {"epochs": 3, "rank": 8, "hidden": 8, "batch_size": 2048}
     assert app.session_state["ua_run"] == job.run_id, "the new run becomes the active run"
     assert f"{len(before) + 1} in the store" in "\n".join(m.value for m in app.sidebar.markdown)
+    # the result's coverage with its band: a random split's two binomial SEs over the run's test rows
+    from gpcore.run.rundir import read_test_predictions
+
+    n = len(read_test_predictions(run.path))
+    cov = next(r["coverage"] for r in run.manifest["metrics"] if r["group"] == "all")
+    two_se = 2 * np.sqrt(0.95 * 0.05 / n)
+    shown = next(m for m in app.metric if m.label == "95% coverage")
+    assert shown.value == f"{100 * cov:.1f}% ± {100 * two_se:.1f}" + (" ✗" if abs(cov - 0.95) > two_se else "")
+    assert "binomial" in shown.help
 
 
 def test_cancel_keeps_the_best_model_so_far(store):
