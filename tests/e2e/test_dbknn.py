@@ -45,6 +45,9 @@ def test_dbk_nn_trains_from_the_page_and_its_run_is_usable(server, page):
     dropped = page.get_by_text("the DBK features were dropped", exact=False).count() > 0
     # ... and the latent scale its block folds cross-validated (docs/calibration.md)
     assert page.get_by_text("from 10-fold cross-validation over 10 km blocks", exact=False).count() == 1
+    # the coverage with its band by held-out block (a block split)
+    coverage = page.get_by_test_id("stMetric").filter(has_text="95% coverage").first.inner_text()
+    assert re.search(r"\d+\.\d% ± \d+\.\d", coverage), coverage
     screenshot(page, "train-dbk-nn.png")
 
     nav(page, "Maps")
