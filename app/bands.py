@@ -1,6 +1,7 @@
 """The band of a run's 95 % coverage in the app: two standard errors, by held-out block on a block split and
 binomial otherwise (:func:`gpcore.run.compare.coverage_bands`; docs/metrics.md, "Coverage and its band"), for the
-Compare page's tables and chart and the Train page's result."""
+Compare page's tables and chart and the Train page's result; and a run's test-split kind (:func:`split_key`), which
+the band depends on and the Compare page groups runs by."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ import pandas as pd
 
 from app import cache
 from gpcore.errors import GPCoreError
+
+
+def split_key(info) -> str:
+    """A run's test-split kind: ``"random"``, ``"block:<km>"`` for spatial blocks of that size, or
+    ``"forecast:<test period>"`` for a run tested on later quarters."""
+    cfg = info.manifest.get("config", {})
+    if cfg.get("split") == "forecast":
+        return f"forecast:{cfg.get('test_period') or '?'}"
+    if cfg.get("split") != "block":
+        return "random"
+    return f"block:{float(cfg.get('block_km', 10.0)):g}"
 
 
 def with_band(m: pd.DataFrame, key, config: dict) -> pd.DataFrame:
@@ -33,12 +45,11 @@ def band_caption(kind: str) -> str:
     return "**± 2 SE**: two binomial standard errors of the coverage (✗: further than that from 95%)."
 
 
-def overall(key, config: dict, coverage: float) -> tuple[str, str]:
-    """The Train page's ``"95.3% ± 0.9"`` for a run's overall ``coverage`` and the help text naming its band (the
-    coverage alone where the run's test predictions cannot give one)."""
+def overall(key, run, coverage: float) -> tuple[str, str]:
+    """The Train page's ``"95.3% ± 0.9"`` for ``run``'s overall ``coverage`` (``key``: its cache key) and the help
+    text naming its band (the coverage alone where the run's test predictions cannot give one)."""
     from gpcore.run.compare import band_text
 
-    m = with_band(pd.DataFrame({"group": ["all"], "coverage": [coverage]}), key, config)
+    m = with_band(pd.DataFrame({"group": ["all"], "coverage": [coverage]}), key, run.manifest.get("config", {}))
     band = band_text(coverage, float(m["two_se"].iloc[0]))
-    kind = f"block:{config.get('block_km', 10):g}" if config.get("split") == "block" else "random"
-    return f"{100 * coverage:.1f}%" + (f" {band}" if band else ""), band_caption(kind)
+    return f"{100 * coverage:.1f}%" + (f" {band}" if band else ""), band_caption(split_key(run))

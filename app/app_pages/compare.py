@@ -18,6 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from app import bands, cache, charts, state
+from app.bands import split_key
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
@@ -44,17 +45,6 @@ def pick_runs(runs, data_hash: str) -> tuple[list, str]:
     chosen = st.multiselect("Runs", ids, default=ids[:DEFAULT_RUNS], format_func=titles.get, key=key)
     by_id = {r.run_id: r for r in pool}
     return [by_id[i] for i in chosen], kind
-
-
-def split_key(info) -> str:
-    """A run's test-split kind: ``"random"``, ``"block:<km>"`` for spatial blocks of that size, or
-    ``"forecast:<test period>"`` for a run tested on later quarters."""
-    cfg = info.manifest.get("config", {})
-    if cfg.get("split") == "forecast":
-        return f"forecast:{cfg.get('test_period') or '?'}"
-    if cfg.get("split") != "block":
-        return "random"
-    return f"block:{float(cfg.get('block_km', 10.0)):g}"
 
 
 def split_order(kind: str) -> tuple:

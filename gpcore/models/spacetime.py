@@ -106,10 +106,31 @@ def add_params(mod: nn.Module, d: int, cfg) -> None:
 
 def prior_mean(mod: nn.Module, X: torch.Tensor) -> torch.Tensor:
     """The prior mean at scaled inputs ``X`` (``... x d``), float64: ``mu0``, plus ``b t`` (``t`` the scaled time
-    column) for a space-time module with ``time_trend``; shape ``()`` without a trend, else ``X.shape[:-1]``."""
+    column) for a space-time module with ``time_trend``; shape ``()`` without a trend, else ``X.shape[:-1]``. The
+    same as :func:`mean_design` ``@ (mu0[, b])`` where the mean is learned."""
     mu0 = mod.mu0.double()
     trend = getattr(mod, "trend", None)
     return mu0 if trend is None else mu0 + trend.double() * X[..., mod.t_col].double()
+
+
+def mean_design(mod, X: torch.Tensor) -> torch.Tensor:
+    """The prior mean's design ``H(x)`` at scaled inputs ``X`` (``... x d`` -> ``... x p``, float64): ``(1)``, with a
+    time trend ``(1, t)``; ``p = 0`` when the mean is not learned (``learn_mean=False``)."""
+    one = torch.ones(X.shape[:-1] + (1,), dtype=torch.float64, device=X.device)
+    if not mod.mu0.requires_grad:
+        return one[..., :0]
+    if getattr(mod, "trend", None) is None:
+        return one
+    return torch.cat([one, X[..., mod.t_col : mod.t_col + 1].double()], dim=-1)
+
+
+def set_mean(mod, beta: np.ndarray) -> None:
+    """Set ``mu0`` (and the trend) to ``beta`` (:func:`mean_design`'s columns)."""
+    with torch.no_grad():
+        if len(beta) > 0:
+            mod.mu0.fill_(float(beta[0]))
+        if len(beta) > 1:
+            mod.trend.fill_(float(beta[1]))
 
 
 def time_lengthscale(mod: nn.Module) -> torch.Tensor:

@@ -40,6 +40,8 @@ import torch
 from scipy.optimize import minimize
 
 from gpcore.errors import InputError
+from gpcore.models import spacetime as st
+from gpcore.models.linalg import inv_softplus
 from gpcore.models.terms import Terms, objective_rows, term_count
 
 #: floor of the Hessian's eigenvalues (a flat direction gets a wide but finite spread)
@@ -92,11 +94,10 @@ def _set_theta(model, theta: np.ndarray) -> None:
     with torch.no_grad():
         for _, p, kind in _hyper_params(model.module_):
             k = p.numel()
-            v = th[i : i + k].reshape(p.shape)
-            # inverse softplus of exp(v), stable both ways: v + log(-expm1(-e^v)) for small values, else e^v
-            e = torch.exp(v)
-            raw = v if kind == "logit" else torch.where(e < 20, e + torch.log(-torch.expm1(-e)), e)
-            p.copy_(raw.to(p.dtype))
+            v = th[i : i + k]
+            if kind == "log":  # raw = softplus^-1(e^theta)
+                v = torch.tensor([inv_softplus(math.exp(float(x))) for x in v], dtype=torch.float64)
+            p.copy_(v.reshape(p.shape).to(p.dtype))
             i += k
 
 
@@ -110,26 +111,6 @@ def _theta_grad(model) -> np.ndarray:
             g = g * torch.nn.functional.softplus(raw) / torch.sigmoid(raw)  # d raw / d theta = v / sigmoid(raw)
         out.append(g)
     return torch.cat(out).cpu().numpy()
-
-
-def design(mod, X: torch.Tensor) -> torch.Tensor:
-    """The prior mean's design ``H(x)`` at scaled inputs ``X`` (``... x d`` -> ``... x p``, float64): ``(1)``, with a
-    time trend ``(1, t)``; ``p = 0`` when the mean is not learned (``learn_mean=False``)."""
-    one = torch.ones(X.shape[:-1] + (1,), dtype=torch.float64, device=X.device)
-    if not mod.mu0.requires_grad:
-        return one[..., :0]
-    if getattr(mod, "trend", None) is None:
-        return one
-    return torch.cat([one, X[..., mod.t_col : mod.t_col + 1].double()], dim=-1)
-
-
-def set_mean(mod, beta: np.ndarray) -> None:
-    """Set ``mu0`` (and the trend) to ``beta`` (:func:`design`'s columns)."""
-    with torch.no_grad():
-        if len(beta) > 0:
-            mod.mu0.fill_(float(beta[0]))
-        if len(beta) > 1:
-            mod.trend.fill_(float(beta[1]))
 
 
 def working_copy(model):
@@ -172,7 +153,7 @@ def _rows(model, idx: torch.Tensor):
     Xg = mod.X_train[Gc]
     zero = torch.zeros((), dtype=torch.float64, device=G.device)
     yg = torch.where(valid, mod.y_train.double()[Gc], zero)
-    Hg = torch.where(valid.unsqueeze(-1), design(mod, Xg), zero)
+    Hg = torch.where(valid.unsqueeze(-1), st.mean_design(mod, Xg), zero)
     ell = vecchia_rows(mod, Xg, valid, model._group_noise(Gc))
     return torch.log(ell[:, -1]), (ell * yg).sum(-1), (ell.unsqueeze(-1) * Hg).sum(-2)
 
@@ -180,7 +161,7 @@ def _rows(model, idx: torch.Tensor):
 def _sums(model, terms: Terms):
     """``(A, b, c, sum log ell_ii)`` over the objective's terms (no graph), scaled to all ``n``."""
     mod = model.module_
-    p = design(mod, mod.X_train[:1]).shape[-1]
+    p = st.mean_design(mod, mod.X_train[:1]).shape[-1]
     dev = mod.X_train.device
     A = torch.zeros(p, p, dtype=torch.float64, device=dev)
     b = torch.zeros(p, dtype=torch.float64, device=dev)
@@ -301,7 +282,7 @@ def at_theta(model, theta: np.ndarray):
     predict with (its posterior refreshed: ``dbk-nn``'s residuals follow the new mean)."""
     work = working_copy(model)
     _set_theta(work, theta)
-    set_mean(work.module_, reml(work, grad=False)[2])
+    st.set_mean(work.module_, reml(work, grad=False)[2])
     for p in work.module_.parameters():
         p.grad = None
     work._after_conditioning(0)  # dbk-nn: e = y - mean with the new mean; vecchia: nothing depends on it

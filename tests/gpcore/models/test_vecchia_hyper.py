@@ -14,6 +14,7 @@ from scipy.optimize import minimize
 
 from gpcore import make_model
 from gpcore.errors import InputError
+from gpcore.models import spacetime as st
 from gpcore.models import vecchia_hyper as vh
 
 QUARTERS = 2022.125 + 0.25 * np.arange(4)
@@ -47,7 +48,7 @@ def _dense_reml(mod, Xs, ys, noise=None):
     n = len(ys)
     noise = mod.noise.double() * torch.ones(n, dtype=torch.float64) if noise is None else noise.double()
     K = mod.K(Xs, Xs).double() + torch.diag(noise)
-    H = vh.design(mod, Xs)
+    H = st.mean_design(mod, Xs)
     L = torch.linalg.cholesky(K)
     A = H.T @ torch.cholesky_solve(H, L)
     beta = torch.linalg.solve(A, H.T @ torch.cholesky_solve(ys[:, None], L)).ravel()
@@ -112,7 +113,7 @@ def test_the_reml_term_is_not_the_likelihood():
     mod = work.module_
     Xs, ys = mod.X_train.double(), mod.y_train.double()
     K = mod.K(Xs, Xs).double() + mod.noise.double() * torch.eye(len(ys), dtype=torch.float64)
-    H = vh.design(mod, Xs)
+    H = st.mean_design(mod, Xs)
     _, beta = _dense_reml(mod, Xs, ys)
     nll = -torch.distributions.MultivariateNormal(H @ beta, K).log_prob(ys)
     logdetA = torch.logdet(H.T @ torch.linalg.solve(K, H))
@@ -126,7 +127,7 @@ def test_mode_and_hessian_are_the_dense_objectives():
     assert post.converged
     mod = model.module_
     Xs, ys = mod.X_train.double(), mod.y_train.double()
-    H = vh.design(mod, Xs)
+    H = st.mean_design(mod, Xs)
 
     def f(th):
         t = torch.tensor(th, dtype=torch.float64, requires_grad=True)
