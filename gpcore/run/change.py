@@ -42,13 +42,23 @@ HYPER_DRAWS = 16
 COLUMNS = ("cell_id", "lon", "lat", "change_mean", "change_sd", "change_lo", "change_hi", "p_increase")
 
 
-def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str = "auto") -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
     """Mean and variance of ``f(x, t2) - f(x, t1)`` at each row of ``X`` (``n x 2``: the space columns) for a model
     whose last input is time, in the model's (transformed) units; shapes ``(n,)``. ``t1``, ``t2`` in decimal years.
 
-    Means are the model's predictive means; the variance is ``v1 + v2 - 2 c12`` from its joint posterior
-    (:meth:`posterior_cov` over the ``2 x chunk`` places of each chunk of cells), floored at 0.
+    ``via="pairs"`` (``"auto"`` where the model has it: ``vecchia``, ``dbk-nn`` without features): each cell's two
+    places conditioned on one shared set of training responses (:mod:`gpcore.models.vecchia_pairs`), mean and
+    variance from that one exact conditional. ``via="joint"`` (``"auto"`` otherwise): means the model's predictive
+    means, the variance ``v1 + v2 - 2 c12`` from its joint posterior (:meth:`posterior_cov` over the ``2 x chunk``
+    places of each chunk of cells), floored at 0.
     """
+    from gpcore.models import vecchia_pairs
+
+    if via not in ("auto", "pairs", "joint"):
+        raise ConfigError(f"via must be 'auto', 'pairs' or 'joint', got {via!r}")
+    if via == "pairs" and not vecchia_pairs.supports(model):
+        raise ConfigError(f"{type(model).__name__} has no pair posterior (vecchia, dbk-nn without features)")
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[1] + 1 != getattr(model, "d_", X.shape[1] + 1):
         raise DataError(f"places must have the model's space columns ({getattr(model, 'd_', 3) - 1}), got shape "
@@ -58,6 +68,9 @@ def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK) -> tuple[
     n = X.shape[0]
     X1 = np.column_stack([X, np.full(n, float(t1))])
     X2 = np.column_stack([X, np.full(n, float(t2))])
+    if via == "pairs" or (via == "auto" and vecchia_pairs.supports(model)):
+        mu, C = vecchia_pairs.pair_moments(model, X1, X2)
+        return mu[:, 1] - mu[:, 0], np.maximum(C[:, 0, 0] + C[:, 1, 1] - 2.0 * C[:, 0, 1], 0.0)
     mean = model.predict(X2).mean - model.predict(X1).mean
     var = np.empty(n)
     k = max(1, math.ceil(n / chunk))

@@ -1,0 +1,89 @@
+"""The joint posterior of pairs of places, each pair conditioned on one shared set of training responses.
+
+For a ``vecchia`` model (or a ``dbk-nn`` whose feature check dropped the features) and pairs of places
+``(x1_i, x2_i)`` (a change map: the same place at two times), the pair's posterior is the exact GP's given the
+responses of ``U_i = N(x1_i) u N(x2_i)``, the union of both places' prediction neighbours (``pred_neighbors``, default
+``3m/2`` each, in the model's space-time metric):
+
+    [f(x1), f(x2)] | y_U  ~  N(mu + K_xU (K_UU + S)^{-1} (y_U - mu_U),  K_xx - K_xU (K_UU + S)^{-1} K_Ux),
+
+with ``S`` the training noise (``tau^2 + s2 / w`` in a weighted fit), the variances times ``cv_calibration``'s latent
+scale as every other latent variance of the model. It is one ``|U|``-square Cholesky per pair, batched.
+
+Why not the joint Vecchia factor (:mod:`gpcore.models.vecchia_joint`): there the second place of a pair conditions on
+the first place's latent value and its own training neighbours, which is the conditional of no data set; the change's
+variance it implies comes out wider than the exact posterior's (docs/benchmarks/spacetime.md). A conditional on a
+subset of the data is an exact posterior: with the true hyperparameters its ``P(f(x2) > f(x1))`` is calibrated for any
+``U`` chosen from the inputs alone, and at ``pred_neighbors >= n`` it is the exact GP's. Formula, cost and limits:
+docs/methods/spacetime.md, "The change posterior".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpcore.models import spacetime as st
+from gpcore.models import vecchia_cv
+from gpcore.models.linalg import psd_safe_cholesky
+
+
+def supports(model) -> bool:
+    """Whether ``model`` has this pair posterior: a fitted Vecchia GP without a low-rank (feature) part."""
+    from gpcore.models.vecchia import VecchiaGP
+
+    return (isinstance(model, VecchiaGP) and getattr(model, "module_", None) is not None
+            and model._joint_lowrank() is None)
+
+
+def _union(N1: torch.Tensor, N2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's training indices ``N1 u N2`` (``b x 2k``, sorted) and which entries are not repeats."""
+    U, _ = torch.sort(torch.cat([N1, N2], dim=1), dim=1)
+    first = torch.ones_like(U, dtype=torch.bool)
+    first[:, 1:] = U[:, 1:] != U[:, :-1]
+    return U, first
+
+
+@torch.no_grad()
+def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Means (``b x 2``) and covariances (``b x 2 x 2``) of ``[f(x1_i), f(x2_i)]`` at scaled places (``b x d`` each),
+    in the model's scaled target units, float64 (module docstring)."""
+    from gpcore.models.vecchia import group_covariance
+
+    mod = model.module_
+    U, valid = _union(model._prediction_neighbors(X1s), model._prediction_neighbors(X2s))
+    b, k = U.shape
+    x = torch.stack([X1s, X2s], dim=1).double()  # b x 2 x d
+    Xg = torch.cat([mod.X_train[U].double(), x], dim=1)
+    noise_t = model._group_noise(U)
+    noise_t = mod.noise.double().expand(U.shape) if noise_t is None else noise_t.double()
+    noise = torch.cat([noise_t, torch.zeros(b, 2, dtype=torch.float64, device=U.device)], dim=1)
+    valid = torch.cat([valid, torch.ones(b, 2, dtype=torch.bool, device=U.device)], dim=1)
+    G = group_covariance(mod, Xg, valid, noise)  # [K_UU + S, K_Ux; K_xU, K_xx]
+    L = psd_safe_cholesky(G[:, :k, :k])
+    e = torch.where(valid[:, :k], model._joint_residuals()[U], 0.0)
+    v = torch.linalg.solve_triangular(L, e.unsqueeze(-1), upper=False)  # b x k x 1
+    W = torch.linalg.solve_triangular(L, G[:, :k, k:], upper=False)  # L^{-1} K_Ux: b x k x 2
+    mean = st.prior_mean(mod, x.reshape(2 * b, -1)).double().reshape(b, 2) + (W.transpose(-1, -2) @ v).squeeze(-1)
+    # no Cholesky of the pair's own 2 x 2 block: the same place twice gives a zero change variance, not a jitter
+    return mean, (G[:, k:, k:] - W.transpose(-1, -2) @ W) * vecchia_cv.latent_scale(model)
+
+
+def pair_moments(model, X1, X2, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pair_moments_s` at places ``X1``, ``X2`` in the caller's units (``n x d`` each; row ``i`` of both is
+    pair ``i``): means ``n x 2`` and covariances ``n x 2 x 2`` in the caller's target units, ``chunk`` pairs per
+    batched Cholesky."""
+    from gpcore.models.inputs import as_2d_float
+
+    model._check_fitted()
+    X1 = as_2d_float(X1, "X1", d=model.d_)
+    X2 = as_2d_float(X2, "X2", d=model.d_)
+    if X1.shape != X2.shape:
+        raise ValueError(f"X1 and X2 must pair up row by row, got {X1.shape} and {X2.shape}")
+    n = X1.shape[0]
+    mean, cov = np.empty((n, 2)), np.empty((n, 2, 2))
+    model.module_.eval()
+    for i in range(0, n, chunk):
+        m, c = pair_moments_s(model, model.scale_x(X1[i : i + chunk]), model.scale_x(X2[i : i + chunk]))
+        mean[i : i + chunk], cov[i : i + chunk] = m.cpu().numpy(), c.cpu().numpy()
+    return mean * model.y_std_ + model.y_mean_, cov * float(model.y_std_) ** 2
