@@ -6,15 +6,17 @@ For a run with time as an input (``RunConfig.time_input``) and places ``x`` (the
     E[D] = m(x, t2) - m(x, t1),      Var[D] = v1 + v2 - 2 c12,
 
 where ``v1, v2`` are the posterior variances at ``(x, t1)``, ``(x, t2)`` and ``c12`` their posterior covariance,
-all three from the model's joint posterior ``model.posterior_cov`` (for ``vecchia`` / ``dbk-nn`` the joint Vecchia
-posterior, docs/decide.md; exact at ``m = n - 1``). Two independent marginals would drop ``-2 c12`` and overstate
-the uncertainty of a change wherever the field is persistent in time. ``P(D > 0) = Phi(E[D] / sd[D])``.
+from the joint posterior of the two places. Two independent marginals would drop ``-2 c12`` and overstate the
+uncertainty of a change wherever the field is persistent in time. ``P(D > 0) = Phi(E[D] / sd[D])``.
 
-Nothing ``n x n`` is formed: the places go in chunks of ``chunk`` cells, each chunk's ``2 chunk`` places
-``(x, t1), (x, t2)`` in one ``posterior_cov`` call, from which only the per-cell ``2 x 2`` blocks are kept. A chunk
-takes every ``K``-th cell (``K`` = the number of chunks), so its cells lie far apart and each place's nearest
-other place in the chunk is its own partner in time (the joint Vecchia posterior conditions on it directly).
-Formula and units: docs/methods/spacetime.md, "The change posterior".
+For ``vecchia`` and ``dbk-nn`` without features both places of a cell condition on one shared set of training
+responses (:mod:`gpcore.models.vecchia_pairs`: an exact conditional, mean and variance from it). Other models use
+``model.posterior_cov`` and their predictive means; nothing ``n x n`` is formed: the places go in chunks of ``chunk``
+cells, each chunk's ``2 chunk`` places ``(x, t1), (x, t2)`` in one ``posterior_cov`` call, from which only the
+per-cell ``2 x 2`` blocks are kept. A chunk takes every ``K``-th cell (``K`` = the number of chunks), so its cells lie
+far apart and each place's nearest other place in the chunk is its own partner in time (the joint Vecchia posterior
+conditions on it directly). Both exact at ``m = n - 1``. Formula and units: docs/methods/spacetime.md, "The change
+posterior".
 
 That is the change at one set of hyperparameters. :func:`change_posterior` (what the CLI and the app show) averages it
 over the hyperparameters' posterior where the model has one (``vecchia``, ``dbk-nn`` without features:

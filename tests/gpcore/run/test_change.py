@@ -1,10 +1,11 @@
 """The change posterior (gpcore/run/change.py, docs/methods/spacetime.md "The change posterior") against a dense
 float64 oracle built in numpy from the model's own prior kernel, noise and mean (for dbk-nn the kernel
 a^2 phi phi^T + k_r, its features kept): with every point conditioning on all its predecessors (m = n - 1) the
-chunked joint change variance equals the exact GP's var(f(x, t2) - f(x, t1)) = v1 + v2 - 2 c12, the mean its mean
-difference, and p_increase = Phi(mean / sd); the independent-marginals variance v1 + v2 is not it. Calibration of
-P(change > 0) on drawn fields: benchmarks/bench_change.py. The change averaged over the hyperparameters' draws is
-the mixture of the draws' changes, each one of the above at its own hyperparameters."""
+change variance, by either route (vecchia's pairs on one set of responses, or the chunked joint factor), equals the
+exact GP's var(f(x, t2) - f(x, t1)) = v1 + v2 - 2 c12, the mean its mean difference, and p_increase =
+Phi(mean / sd); the independent-marginals variance v1 + v2 is not it. Calibration of P(change > 0) on drawn fields:
+benchmarks/bench_change.py. The change averaged over the hyperparameters' draws is the mixture of the draws'
+changes, each one of the above at its own hyperparameters."""
 
 from __future__ import annotations
 
@@ -70,11 +71,12 @@ def _dense_change(model, X, y, cells, t1, t2):
 @pytest.mark.parametrize(("name", "kind"), [("vecchia", "separable"), ("vecchia", "gneiting"),
                                            ("dbk-nn", "separable")])
 @pytest.mark.parametrize("chunk", [4, 256])
-def test_change_variance_is_the_dense_joint_one_at_m_n_minus_1(name, kind, chunk):
+@pytest.mark.parametrize("via", ["auto", "joint"])  # auto: vecchia's pairs (vecchia_pairs), dbk-nn's joint factor
+def test_change_variance_is_the_dense_joint_one_at_m_n_minus_1(name, kind, chunk, via):
     model, X, y = _fit(kind, name)
     cells = _cells()
     t1, t2 = 2019.375, 2020.125  # 2019Q2 -> 2020Q1: the later one beyond the data
-    mean, var = change_moments(model, cells, t1, t2, chunk=chunk)
+    mean, var = change_moments(model, cells, t1, t2, chunk=chunk, via=via)
     d_mean, d_var, indep = _dense_change(model, X, y, cells, t1, t2)
     np.testing.assert_allclose(mean, d_mean, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(var, d_var, rtol=1e-6, atol=1e-10)
