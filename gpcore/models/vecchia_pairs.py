@@ -1,14 +1,20 @@
 """The joint posterior of pairs of places, each pair conditioned on one shared set of training responses.
 
-For a ``vecchia`` model (or a ``dbk-nn`` whose feature check dropped the features) and pairs of places
-``(x1_i, x2_i)`` (a change map: the same place at two times), the pair's posterior is the exact GP's given the
-responses of ``U_i = N(x1_i) u N(x2_i)``, the union of both places' prediction neighbours (``pred_neighbors``, default
-``3m/2`` each, in the model's space-time metric):
+For a ``vecchia`` model and pairs of places ``(x1_i, x2_i)`` (a change map: the same place at two times), the pair's
+posterior is the exact GP's given the responses of ``U_i = N(x1_i) u N(x2_i)``, the union of both places' prediction
+neighbours (``pred_neighbors``, default ``3m/2`` each, in the model's space-time metric):
 
-    [f(x1), f(x2)] | y_U  ~  N(mu + K_xU (K_UU + S)^{-1} (y_U - mu_U),  K_xx - K_xU (K_UU + S)^{-1} K_Ux),
+    [f(x1), f(x2)] | y_U  ~  N(mu + K_xU C^{-1} (y_U - mu_U),  K_xx - K_xU C^{-1} K_Ux),   C = K_UU + S,
 
-with ``S`` the training noise (``tau^2 + s2 / w`` in a weighted fit), the variances times ``cv_calibration``'s latent
+with ``S`` the training noise (``tau^2 + s2 / w`` in a weighted fit), the covariance times ``cv_calibration``'s latent
 scale as every other latent variance of the model. It is one ``|U|``-square Cholesky per pair, batched.
+
+``dbk-nn`` with its features: ``f = a phi(x)^T w + r(x)`` with the weights' posterior ``w ~ N(w_hat, F F^T)`` (from
+all rows) independent of the residual GP ``r`` given the hyperparameters (docs/decide.md, "Joint posterior of vecchia
+and dbk-nn"). The residual is conditioned as above on ``e = y - mu0 - a Phi w_hat``, and the weights' uncertainty
+enters through ``q(x) = a phi(x) - K_xU C^{-1} a Phi_U``: mean ``+ a phi(x) w_hat``, covariance
+``+ (q F)(q F)^T``, as in the model's marginal predictions. Without the features (dropped by the feature check) it
+is the ``vecchia`` case.
 
 Why not the joint Vecchia factor (:mod:`gpcore.models.vecchia_joint`): there the second place of a pair conditions on
 the first place's latent value and its own training neighbours, which is the conditional of no data set; the change's
@@ -29,11 +35,11 @@ from gpcore.models.linalg import psd_safe_cholesky
 
 
 def supports(model) -> bool:
-    """Whether ``model`` has this pair posterior: a fitted Vecchia GP without a low-rank (feature) part."""
+    """Whether ``model`` has this pair posterior: a fitted Vecchia GP (``vecchia``, ``dbk-nn`` with or without its
+    features)."""
     from gpcore.models.vecchia import VecchiaGP
 
-    return (isinstance(model, VecchiaGP) and getattr(model, "module_", None) is not None
-            and model._joint_lowrank() is None)
+    return isinstance(model, VecchiaGP) and getattr(model, "module_", None) is not None
 
 
 def _union(N1: torch.Tensor, N2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,9 +51,10 @@ def _union(N1: torch.Tensor, N2: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.no_grad()
-def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, lowrank=False) -> tuple[torch.Tensor, torch.Tensor]:
     """Means (``b x 2``) and covariances (``b x 2 x 2``) of ``[f(x1_i), f(x2_i)]`` at scaled places (``b x d`` each),
-    in the model's scaled target units, float64 (module docstring)."""
+    in the model's scaled target units, float64 (module docstring). ``lowrank``: the model's ``_joint_lowrank()``
+    when the caller holds it (``False``: fetched here)."""
     from gpcore.models.vecchia import group_covariance
 
     mod = model.module_
@@ -64,9 +71,20 @@ def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor) -> tuple[torch.T
     e = torch.where(valid[:, :k], model._joint_residuals()[U], 0.0)
     v = torch.linalg.solve_triangular(L, e.unsqueeze(-1), upper=False)  # b x k x 1
     W = torch.linalg.solve_triangular(L, G[:, :k, k:], upper=False)  # L^{-1} K_Ux: b x k x 2
-    mean = st.prior_mean(mod, x.reshape(2 * b, -1)).double().reshape(b, 2) + (W.transpose(-1, -2) @ v).squeeze(-1)
+    Wt = W.transpose(-1, -2)
+    mean = st.prior_mean(mod, x.reshape(2 * b, -1)).double().reshape(b, 2) + (Wt @ v).squeeze(-1)
     # no Cholesky of the pair's own 2 x 2 block: the same place twice gives a zero change variance, not a jitter
-    return mean, (G[:, k:, k:] - W.transpose(-1, -2) @ W) * vecchia_cv.latent_scale(model)
+    cov = (G[:, k:, k:] - Wt @ W) * vecchia_cv.latent_scale(model)
+    lowrank = model._joint_lowrank() if lowrank is False else lowrank
+    if lowrank is not None:  # dbk-nn's features: f = a phi(x)^T w + r(x), w ~ N(w_hat, F F^T) independent of r
+        aPhi_T, aphi, w_hat, F = lowrank  # F calibrated by the latent scale already
+        Bt = torch.linalg.solve_triangular(L.transpose(-1, -2), W, upper=True).transpose(-1, -2)  # K_xU C^{-1}
+        ap = aphi(x.reshape(2 * b, -1)).reshape(b, 2, -1).double()
+        q = ap - Bt @ aPhi_T.double()[U]  # b x 2 x r (padding rows of U carry zero weight)
+        mean = mean + ap @ w_hat.double()  # the residuals e already hold a Phi w_hat
+        qF = q @ F.double()
+        cov = cov + qF @ qF.transpose(-1, -2)
+    return mean, cov
 
 
 def pair_moments(model, X1, X2, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +103,8 @@ def pair_moments(model, X1, X2, chunk: int | None = None) -> tuple[np.ndarray, n
     chunk = chunk or model.config.prediction_chunk(model.module_.X_train.device.type)
     mean, cov = np.empty((n, 2)), np.empty((n, 2, 2))
     model.module_.eval()
+    lowrank = model._joint_lowrank()
     for i in range(0, n, chunk):
-        m, c = pair_moments_s(model, model.scale_x(X1[i : i + chunk]), model.scale_x(X2[i : i + chunk]))
+        m, c = pair_moments_s(model, model.scale_x(X1[i : i + chunk]), model.scale_x(X2[i : i + chunk]), lowrank)
         mean[i : i + chunk], cov[i : i + chunk] = m.cpu().numpy(), c.cpu().numpy()
     return mean * model.y_std_ + model.y_mean_, cov * float(model.y_std_) ** 2

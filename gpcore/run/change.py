@@ -9,8 +9,8 @@ where ``v1, v2`` are the posterior variances at ``(x, t1)``, ``(x, t2)`` and ``c
 from the joint posterior of the two places. Two independent marginals would drop ``-2 c12`` and overstate the
 uncertainty of a change wherever the field is persistent in time. ``P(D > 0) = Phi(E[D] / sd[D])``.
 
-For ``vecchia`` and ``dbk-nn`` without features both places of a cell condition on one shared set of training
-responses (:mod:`gpcore.models.vecchia_pairs`: an exact conditional, mean and variance from it). Other models use
+For ``vecchia`` and ``dbk-nn`` both places of a cell condition on one shared set of training responses
+(:mod:`gpcore.models.vecchia_pairs`: mean and variance from that one conditional). Other models use
 ``model.posterior_cov`` and their predictive means; nothing ``n x n`` is formed: the places go in chunks of ``chunk``
 cells, each chunk's ``2 chunk`` places ``(x, t1), (x, t2)`` in one ``posterior_cov`` call, from which only the
 per-cell ``2 x 2`` blocks are kept. A chunk takes every ``K``-th cell (``K`` = the number of chunks), so its cells lie
@@ -49,9 +49,9 @@ def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str 
     """Mean and variance of ``f(x, t2) - f(x, t1)`` at each row of ``X`` (``n x 2``: the space columns) for a model
     whose last input is time, in the model's (transformed) units; shapes ``(n,)``. ``t1``, ``t2`` in decimal years.
 
-    ``via="pairs"`` (``"auto"`` where the model has it: ``vecchia``, ``dbk-nn`` without features): each cell's two
-    places conditioned on one shared set of training responses (:mod:`gpcore.models.vecchia_pairs`), mean and
-    variance from that one exact conditional. ``via="joint"`` (``"auto"`` otherwise): means the model's predictive
+    ``via="pairs"`` (``"auto"`` where the model has it: ``vecchia``, ``dbk-nn``): each cell's two places conditioned
+    on one shared set of training responses (:mod:`gpcore.models.vecchia_pairs`), mean and variance from that one
+    conditional. ``via="joint"`` (``"auto"`` otherwise): means the model's predictive
     means, the variance ``v1 + v2 - 2 c12`` from its joint posterior (:meth:`posterior_cov` over the ``2 x chunk``
     places of each chunk of cells), floored at 0.
     """
@@ -60,7 +60,7 @@ def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str 
     if via not in ("auto", "pairs", "joint"):
         raise ConfigError(f"via must be 'auto', 'pairs' or 'joint', got {via!r}")
     if via == "pairs" and not vecchia_pairs.supports(model):
-        raise ConfigError(f"{type(model).__name__} has no pair posterior (vecchia, dbk-nn without features)")
+        raise ConfigError(f"{type(model).__name__} has no pair posterior (vecchia, dbk-nn)")
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[1] + 1 != getattr(model, "d_", X.shape[1] + 1):
         raise DataError(f"places must have the model's space columns ({getattr(model, 'd_', 3) - 1}), got shape "

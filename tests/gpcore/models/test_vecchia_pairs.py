@@ -131,13 +131,55 @@ def test_the_change_uses_pairs_where_the_model_has_them_and_the_joint_factor_els
         change_moments(model, cells, t1, t2, via="dense")
 
 
-def test_a_dbk_nn_with_its_features_has_no_pair_posterior():
+def _dense_dbknn(model, A, B):
+    """Exact GP posterior of [f(a_i), f(b_i)] under dbk-nn's prior a^2 phi phi^T + k_r (model.kernel), all rows."""
+    X = vecchia_cv.caller_inputs(model)
+    y = model.module_.y_train.double().numpy() * model.y_std_ + model.y_mean_
+    K = model.kernel(X) + model.noise_variance * np.eye(len(y))
+    means, covs = [], []
+    for i in range(len(A)):
+        Z = np.vstack([A[i], B[i]])
+        Kz = model.kernel(Z, X)
+        means.append(model.prior_mean_at(Z) + Kz @ np.linalg.solve(K, y - model.prior_mean_at(X)))
+        covs.append(model.kernel(Z) - Kz @ np.linalg.solve(K, Kz.T))
+    return np.array(means), np.array(covs)
+
+
+def _dbknn(**kw):
     X, y = _data()
-    model = make_model("dbk-nn", space_time="separable", dtype="float64", device="cpu", epochs=1, neighbors=8,
-                       dbk_rank=8, dbk_hidden=8, dbk_blocks=1, dbk_epochs=2, dbk_batch_size=32,
-                       feature_check=False).fit(X, y)
-    assert model.module_.features_on and not vecchia_pairs.supports(model)
-    with pytest.raises(ConfigError, match="no pair posterior"):
-        change_moments(model, X[:3, :2], 2019.125, 2019.375, via="pairs")
-    mean, var = change_moments(model, X[:3, :2], 2019.125, 2019.375)  # auto: the joint factor
-    assert np.isfinite(mean).all() and (var > 0).all()
+    model = make_model("dbk-nn", space_time="separable", dtype="float64", device="cpu", epochs=1, dbk_rank=8,
+                       dbk_hidden=8, dbk_blocks=1, dbk_epochs=2, dbk_batch_size=32, feature_check=False, **kw)
+    model.fit(X, y)
+    with torch.no_grad():
+        model.module_.raw_fscale.fill_(0.8)  # a feature part that matters
+        model.module_.raw_ell_t.fill_(2.0)
+    model.finalize(model.scale_x(X), model.scale_y(y))
+    assert model.module_.features_on and vecchia_pairs.supports(model)
+    return model
+
+
+def test_a_dbk_nn_with_its_features_is_the_exact_joint_posterior_with_every_point_in_reach():
+    """The feature part a phi^T w (w's posterior from all rows) and the residual GP on the union: at m = n - 1 the
+    exact GP with the kernel a^2 phi phi^T + k_r."""
+    n = len(_data()[1])
+    model = _dbknn(neighbors=n - 1, pred_neighbors=n)
+    A, B = _pairs()
+    mean, cov = vecchia_pairs.pair_moments(model, A, B, chunk=5)
+    d_mean, d_cov = _dense_dbknn(model, A, B)
+    np.testing.assert_allclose(mean, d_mean, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(cov, d_cov, rtol=1e-6, atol=1e-10)
+    # the feature part is in it: the residual GP alone (w fixed at its mean) is not the answer
+    model.module_.post_F.zero_()
+    _, cov0 = vecchia_pairs.pair_moments(model, A, B)
+    assert np.abs(cov0 - d_cov).max() > 1e-3 * np.abs(d_cov).max()
+
+
+def test_a_dbk_nn_s_pair_marginals_are_its_predictions_when_both_places_share_their_neighbours():
+    """With few neighbours: a place paired with itself conditions on its own neighbours only, so its mean and
+    variance are the model's marginal prediction's (dbk-nn's _predict_f, features included)."""
+    model = _dbknn(neighbors=6)
+    A, _ = _pairs()
+    mean, cov = vecchia_pairs.pair_moments(model, A, A)
+    pred = model.predict(A)
+    np.testing.assert_allclose(mean[:, 0], pred.mean, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(cov[:, 0, 0], pred.var_f, rtol=1e-8, atol=1e-12)
