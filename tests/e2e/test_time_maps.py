@@ -40,7 +40,8 @@ def time_server(tmp_path_factory):
     from tests.gpcore.test_cli_time import write_spacetime_csv
 
     root = tmp_path_factory.mktemp("e2e-time")
-    csv = write_spacetime_csv(root / "st.csv", n=2000)
+    # a slow rise (0.05 log10 a year): clear over the eight quarters, not from one quarter to the next (the grey cells)
+    csv = write_spacetime_csv(root / "st.csv", n=2000, trend=0.05)
     store = root / "runs"
     assert main(["fit", "--data", str(csv), "--y", "download_mbps", "--transform", "log10", "--weight", "tests",
                  "--model", "vecchia", "--time-input", "--set", "epochs=2", "--set", "neighbors=8", "--cell-km", "5",

@@ -20,12 +20,13 @@ QUARTERS = [f"{y}Q{q}" for y in (2019, 2020) for q in range(1, 5)]
 FAST = ["--set", "epochs=2", "--set", "neighbors=8", "--cell-km", "25"]
 
 
-def write_spacetime_csv(path, n: int = 320, seed: int = 0):
-    """``n`` rows over 2019Q1..2020Q4: quarter, lon, lat (Puerto Rico), download_mbps rising in time, tests."""
+def write_spacetime_csv(path, n: int = 320, seed: int = 0, trend: float = 0.2):
+    """``n`` rows over 2019Q1..2020Q4: quarter, lon, lat (Puerto Rico), download_mbps rising in time by ``trend``
+    log10 units a year, tests."""
     rng = np.random.default_rng(seed)
     quarter = rng.choice(QUARTERS, n)
     lon, lat = rng.uniform(-67.2, -65.6, n), rng.uniform(17.95, 18.45, n)
-    f = 1.3 + 0.3 * np.sin(3 * lon) * np.cos(4 * lat) + 0.2 * (decimal_year(quarter) - 2019)
+    f = 1.3 + 0.3 * np.sin(3 * lon) * np.cos(4 * lat) + trend * (decimal_year(quarter) - 2019)
     pd.DataFrame({"quarter": quarter, "lon": lon.round(5), "lat": lat.round(5),
                   "download_mbps": (10 ** (f + 0.05 * rng.normal(size=n))).round(3),
                   "tests": rng.integers(1, 9, n)}).to_csv(path, index=False)
