@@ -72,7 +72,7 @@ def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, lowrank=False) -
     v = torch.linalg.solve_triangular(L, e.unsqueeze(-1), upper=False)  # b x k x 1
     W = torch.linalg.solve_triangular(L, G[:, :k, k:], upper=False)  # L^{-1} K_Ux: b x k x 2
     Wt = W.transpose(-1, -2)
-    mean = st.prior_mean(mod, x.reshape(2 * b, -1)).double().reshape(b, 2) + (Wt @ v).squeeze(-1)
+    mean = st.prior_mean(mod, x) + (Wt @ v).squeeze(-1)  # mu0 (a scalar) or mu0 + b t (b x 2)
     # no Cholesky of the pair's own 2 x 2 block: the same place twice gives a zero change variance, not a jitter
     cov = (G[:, k:, k:] - Wt @ W) * vecchia_cv.latent_scale(model)
     lowrank = model._joint_lowrank() if lowrank is False else lowrank

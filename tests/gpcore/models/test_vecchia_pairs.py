@@ -68,9 +68,11 @@ def _dense(model, A, B, rows=None):
     return np.array(means), np.array(covs)
 
 
-@pytest.mark.parametrize(("kind", "weighted"), [("separable", False), ("gneiting", False), ("separable", True)])
-def test_with_every_training_point_in_reach_it_is_the_exact_joint_posterior(kind, weighted):
-    model = _fit(kind, weighted, neighbors=10, pred_neighbors=100)
+@pytest.mark.parametrize(("kind", "weighted", "trend"), [("separable", False, True), ("gneiting", False, True),
+                                                      ("separable", True, True), ("separable", False, False)])
+def test_with_every_training_point_in_reach_it_is_the_exact_joint_posterior(kind, weighted, trend):
+    model = _fit(kind, weighted, neighbors=10, pred_neighbors=100, time_trend=trend)
+    assert (getattr(model.module_, "trend", None) is not None) == trend
     A, B = _pairs()
     mean, cov = vecchia_pairs.pair_moments(model, A, B, chunk=4)
     d_mean, d_cov = _dense(model, A, B)
