@@ -79,7 +79,7 @@ def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, lowrank=False) -
     if lowrank is not None:  # dbk-nn's features: f = a phi(x)^T w + r(x), w ~ N(w_hat, F F^T) independent of r
         aPhi_T, aphi, w_hat, F = lowrank  # F calibrated by the latent scale already
         Bt = torch.linalg.solve_triangular(L.transpose(-1, -2), W, upper=True).transpose(-1, -2)  # K_xU C^{-1}
-        ap = aphi(x.reshape(2 * b, -1)).reshape(b, 2, -1).double()
+        ap = aphi(torch.stack([X1s, X2s], dim=1).reshape(2 * b, -1)).reshape(b, 2, -1).double()  # model's dtype in
         q = ap - Bt @ aPhi_T.double()[U]  # b x 2 x r (padding rows of U carry zero weight)
         mean = mean + ap @ w_hat.double()  # the residuals e already hold a Phi w_hat
         qF = q @ F.double()
