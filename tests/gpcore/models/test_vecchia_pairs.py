@@ -14,16 +14,12 @@ from gpcore import make_model
 from gpcore.errors import ConfigError
 from gpcore.models import vecchia_cv, vecchia_pairs
 from gpcore.run.change import change_moments
+from tests.gpcore.run.test_change import QUARTERS
+from tests.gpcore.run.test_change import _data as _change_data
 
-QUARTERS = 2019.125 + 0.25 * np.arange(4)
 
-
-def _data(n=70, seed=0):
-    rng = np.random.default_rng(seed)
-    lon, lat = rng.uniform(-67.2, -65.6, n), rng.uniform(17.9, 18.5, n)
-    t = rng.choice(QUARTERS, n)
-    y = 1.3 + 0.3 * np.sin(3 * lon) * np.cos(4 * lat) + 0.2 * (t - 2019) + 0.05 * rng.normal(size=n)
-    return np.column_stack([lon, lat, t]), y
+def _data():
+    return _change_data(n=70)  # the change tests' space-time data, a few more rows
 
 
 def _pairs(n=17, seed=5):
