@@ -45,11 +45,12 @@ def band_caption(kind: str) -> str:
     return "**± 2 SE**: two binomial standard errors of the coverage (✗: further than that from 95%)."
 
 
-def overall(key, run, coverage: float) -> tuple[str, str]:
-    """The Train page's ``"95.3% ± 0.9"`` for ``run``'s overall ``coverage`` (``key``: its cache key) and the help
-    text naming its band (the coverage alone where the run's test predictions cannot give one)."""
+def overall(run, coverage: float) -> tuple[str, str]:
+    """The Train page's ``"95.3% ± 0.9"`` for ``run``'s overall ``coverage`` and the help text naming its band (the
+    coverage alone where the run's test predictions cannot give one)."""
     from gpcore.run.compare import band_text
 
-    m = with_band(pd.DataFrame({"group": ["all"], "coverage": [coverage]}), key, run.manifest.get("config", {}))
+    m = with_band(pd.DataFrame({"group": ["all"], "coverage": [coverage]}), cache.run_key(run),
+                  run.manifest.get("config", {}))
     band = band_text(coverage, float(m["two_se"].iloc[0]))
     return f"{100 * coverage:.1f}%" + (f" {band}" if band else ""), band_caption(split_key(run))

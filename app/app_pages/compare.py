@@ -18,7 +18,6 @@ import pandas as pd
 import streamlit as st
 
 from app import bands, cache, charts, state
-from app.bands import split_key
 from app.safe_html import md_text
 from gpcore.errors import GPCoreError
 
@@ -31,14 +30,14 @@ SPLIT_COLUMN = {"split": st.column_config.TextColumn("split", width="medium")}
 
 
 def pick_runs(runs, data_hash: str) -> tuple[list, str]:
-    """The chosen runs, all of one test-split kind, and that kind (:func:`split_key`)."""
+    """The chosen runs, all of one test-split kind, and that kind (:func:`app.bands.split_key`)."""
     show_all = st.toggle("Include runs on other data sets", value=False, key="w_cmp_all")
     pool = runs if show_all else [r for r in runs if r.data_hash == data_hash]
     if not pool:
         st.info("No runs on the active data set yet: train one on the Train page, or include runs on other data.")
         return [], "random"
     kind = pick_split(pool)
-    pool = [r for r in pool if split_key(r) == kind]
+    pool = [r for r in pool if bands.split_key(r) == kind]
     titles = cache.run_titles(pool)
     ids = [r.run_id for r in pool]
     key = "w_cmp_runs" if kind == "random" else f"w_cmp_runs_{kind}"  # one choice of runs per split kind
@@ -79,7 +78,7 @@ def split_caption(kind: str) -> str:
 
 def pick_split(pool) -> str:
     """The "Test split" control when ``pool`` has runs of several split kinds (else a note on making the other)."""
-    kinds = sorted({split_key(r) for r in pool}, key=split_order)
+    kinds = sorted({bands.split_key(r) for r in pool}, key=split_order)
     if len(kinds) > 1:
         if state.view().cmp_split not in kinds:
             state.update(cmp_split=kinds[0])
@@ -169,7 +168,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         if m.empty:
             continue
         m.insert(0, "model", names[info.run_id])
-        m.insert(1, "split", split_name(split_key(info)))
+        m.insert(1, "split", split_name(bands.split_key(info)))
         m["run"] = cache.run_title(info.run_id, info.manifest)
         metrics.append(bands.with_band(m, keys[info.run_id], info.manifest.get("config", {})))
     if not metrics:

@@ -101,9 +101,7 @@ def finished_panel(job: jobs.TrainingJob) -> None:
         c = st.columns(4)
         c[0].metric("Test NLL", f"{m.get('nll', float('nan')):.3f}")
         c[1].metric("Test MAE", f"{m.get('mae', float('nan')):.3f}")
-        from gpcore.run.rundir import stamp
-
-        value, band = bands.overall((str(run.path), stamp(run.path)), run, m.get("coverage", float("nan")))
+        value, band = bands.overall(run, m.get("coverage", float("nan")))
         c[2].metric("95% coverage", value, help=band)
         c[3].metric("Fit time", f"{run.manifest.get('timings', {}).get('fit_seconds', float('nan')):.1f} s")
         st.caption(f"Metrics on the test split in {run.t_units or 'target units'}.")

@@ -50,14 +50,22 @@ def _union(N1: torch.Tensor, N2: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return U, first
 
 
+def _fixed(model) -> tuple:
+    """What every chunk of pairs shares: the training residuals ``e`` the places condition on, the low-rank part
+    (``dbk-nn``'s features; None for the Vecchia GP) and the latent scale."""
+    return model._joint_residuals(), model._joint_lowrank(), vecchia_cv.latent_scale(model)
+
+
 @torch.no_grad()
-def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, lowrank=False) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, fixed: tuple | None = None) -> tuple[torch.Tensor,
+                                                                                                     torch.Tensor]:
     """Means (``b x 2``) and covariances (``b x 2 x 2``) of ``[f(x1_i), f(x2_i)]`` at scaled places (``b x d`` each),
-    in the model's scaled target units, float64 (module docstring). ``lowrank``: the model's ``_joint_lowrank()``
-    when the caller holds it (``False``: fetched here)."""
+    in the model's scaled target units, float64 (module docstring). ``fixed``: :func:`_fixed` of the model when the
+    caller holds it for many chunks (``None``: computed here)."""
     from gpcore.models.vecchia import group_covariance
 
     mod = model.module_
+    e_train, lowrank, scale = _fixed(model) if fixed is None else fixed
     U, valid = _union(model._prediction_neighbors(X1s), model._prediction_neighbors(X2s))
     b, k = U.shape
     x = torch.stack([X1s, X2s], dim=1).double()  # b x 2 x d
@@ -68,14 +76,13 @@ def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, lowrank=False) -
     valid = torch.cat([valid, torch.ones(b, 2, dtype=torch.bool, device=U.device)], dim=1)
     G = group_covariance(mod, Xg, valid, noise)  # [K_UU + S, K_Ux; K_xU, K_xx]
     L = psd_safe_cholesky(G[:, :k, :k])
-    e = torch.where(valid[:, :k], model._joint_residuals()[U], 0.0)
+    e = torch.where(valid[:, :k], e_train[U], 0.0)
     v = torch.linalg.solve_triangular(L, e.unsqueeze(-1), upper=False)  # b x k x 1
     W = torch.linalg.solve_triangular(L, G[:, :k, k:], upper=False)  # L^{-1} K_Ux: b x k x 2
     Wt = W.transpose(-1, -2)
     mean = st.prior_mean(mod, x) + (Wt @ v).squeeze(-1)  # mu0 (a scalar) or mu0 + b t (b x 2)
     # no Cholesky of the pair's own 2 x 2 block: the same place twice gives a zero change variance, not a jitter
-    cov = (G[:, k:, k:] - Wt @ W) * vecchia_cv.latent_scale(model)
-    lowrank = model._joint_lowrank() if lowrank is False else lowrank
+    cov = (G[:, k:, k:] - Wt @ W) * scale
     if lowrank is not None:  # dbk-nn's features: f = a phi(x)^T w + r(x), w ~ N(w_hat, F F^T) independent of r
         aPhi_T, aphi, w_hat, F = lowrank  # F calibrated by the latent scale already
         Bt = torch.linalg.solve_triangular(L.transpose(-1, -2), W, upper=True).transpose(-1, -2)  # K_xU C^{-1}
@@ -103,8 +110,8 @@ def pair_moments(model, X1, X2, chunk: int | None = None) -> tuple[np.ndarray, n
     chunk = chunk or model.config.prediction_chunk(model.module_.X_train.device.type)
     mean, cov = np.empty((n, 2)), np.empty((n, 2, 2))
     model.module_.eval()
-    lowrank = model._joint_lowrank()
+    fixed = _fixed(model)
     for i in range(0, n, chunk):
-        m, c = pair_moments_s(model, model.scale_x(X1[i : i + chunk]), model.scale_x(X2[i : i + chunk]), lowrank)
+        m, c = pair_moments_s(model, model.scale_x(X1[i : i + chunk]), model.scale_x(X2[i : i + chunk]), fixed)
         mean[i : i + chunk], cov[i : i + chunk] = m.cpu().numpy(), c.cpu().numpy()
     return mean * model.y_std_ + model.y_mean_, cov * float(model.y_std_) ** 2
