@@ -29,6 +29,8 @@ is the Vecchia approximation's, the gap to the truth the fitted hyperparameters'
 with the binomial SE of a calibrated forecast and the SE by seed (cluster-robust: cells of one field are correlated);
 the bar is every bin within 2 SE. Ten bins each held to 2 SE fail a calibrated forecast about one time in three, so
 the table also gives one test over all bins: the p-value of ``sum z^2`` against chi-squared with one degree per bin.
+Last, where the truth lies in each model's hyperparameter posterior (:func:`laplace_z`: mean ``z^2`` over the worlds,
+1 when the Laplace approximation the change averages over is as wide as the REML mode's scatter around the truth).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_change.py --out change.md   # the run in docs (~8 min on one core)
     python benchmarks/bench_change.py --smoke                             # one tiny world, seconds (CI)
@@ -37,6 +39,7 @@ the table also gives one test over all bins: the p-value of ``sum z^2`` against 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -129,6 +132,34 @@ def learned(model) -> dict:
         span = np.asarray(model.x_span_, dtype=float)
         ell = mod.lengthscale.detach().double().cpu().numpy() * span[mod.space_cols] / 2
         out.update(ell_lon=float(ell[0]), ell_lat=float(ell[-1]), ell_t=time_lengthscale_years(model))
+    return out
+
+
+#: the truth's value of each REML hyperparameter, from a learned() row (log units; a variance is log sd^2)
+_LOG_TRUTH = {"raw_ell[0]": ("ell_lon", "ell_space", 1), "raw_ell": ("ell_lon", "ell_space", 1),
+              "raw_ell[1]": ("ell_lat", "ell_space", 1), "raw_ell_t": ("ell_t", "ell_time", 1),
+              "raw_outputscale": ("sd", "sd", 2), "raw_noise": ("noise_sd", "noise_sd", 2)}
+
+
+def laplace_z(model, truth: Truth) -> dict:
+    """Where the truth lies in the model's hyperparameter posterior (the Laplace approximation at the REML mode that
+    :func:`change_posterior` averaged over; kept on the model): ``z = (theta_mode - theta_true) / sd`` per
+    hyperparameter, in its log units. Over many worlds ``E[z^2] = 1`` when the posterior is as wide as the mode's
+    scatter around the truth. ``{}`` for a model without that posterior. The noise's theta is the log of the noise
+    above its floor (``noise_floor``, 1e-6 of the standardised target's variance), compared here as the whole noise
+    variance."""
+    from gpcore.models import vecchia_hyper
+
+    if not vecchia_hyper.supports(model):
+        return {}
+    post = vecchia_hyper.hyper_posterior(model)
+    at_mode = learned(vecchia_hyper.at_theta(model, post.mode))
+    sd = np.sqrt(np.diag(post.cov))
+    out = {}
+    for name, s in zip(post.names, sd, strict=True):
+        if name in _LOG_TRUTH:
+            key, attr, power = _LOG_TRUTH[name]
+            out[f"z_{key}"] = float(power * math.log(at_mode[key] / getattr(truth, attr)) / s)
     return out
 
 
@@ -300,6 +331,18 @@ def markdown(s: pd.DataFrame, rel: pd.DataFrame, hyp: pd.DataFrame, truth: Truth
             med["trend"] = h["trend"].abs().median() if "trend" in h else np.nan
             lines.append(f"| {model} | " + " | ".join(f"{med.get(k, np.nan):.3f}" for k in
                                                      ("sd", "ell_lon", "ell_lat", "ell_t", "noise_sd", "trend")) + " |")
+        zcols = [f"z_{k}" for k in ("sd", "ell_lon", "ell_lat", "ell_t", "noise_sd")]
+        if any(c in hyp for c in zcols):
+            lines += ["", "### The hyperparameters' posterior against the truth: mean z² over seeds (mean z)", "",
+                      "z = (REML mode − truth) / the Laplace sd, in log units (`laplace_z`); mean z² = 1 when the "
+                      "posterior the change averages over is as wide as the mode's scatter around the truth.", "",
+                      "| model | worlds | sd | lengthscale lon | lengthscale lat | time lengthscale | noise sd |",
+                      "|---|---|---|---|---|---|---|"]
+            for model, h in hyp.groupby("model", sort=False):
+                z = h[[c for c in zcols if c in h]].dropna()
+                if len(z):
+                    lines.append(f"| {model} | {len(z)} | " + " | ".join(
+                        f"{(z[c] ** 2).mean():.2f} ({z[c].mean():+.2f})" if c in z else "-" for c in zcols) + " |")
     return "\n".join(lines)
 
 
@@ -353,7 +396,8 @@ def main(argv=None) -> int:
             model = make_model(name, seed=seed, **settings).fit(world.X[tr], world.y[tr], *val)
             fit_s = time.perf_counter() - t0
             cells += model_rows(model, world, pairs, seed, name, dense=not args.no_dense, hyper_draws=args.hyper_draws)
-            hyp.append({"model": name, "seed": seed, **learned(model)})
+            hyp.append({"model": name, "seed": seed, **learned(model),
+                        **(laplace_z(model, truth) if args.hyper_draws else {})})
             stderr(f"seed {seed} {name}: {len(tr)} + {len(va)} rows, fit {fit_s:.1f} s, change "
                    f"{time.perf_counter() - t0 - fit_s:.1f} s; learned "
                    f"{ {k: round(v, 3) for k, v in hyp[-1].items() if k not in ('model', 'seed')} }"
