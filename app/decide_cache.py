@@ -103,13 +103,15 @@ def st_change(path: str, stamp: float, t_from: str, t_to: str, level: float = 0.
     """The posterior of ``f(x, to) - f(x, from)`` at every grid cell (:func:`gpcore.run.change.change_table`: the
     joint posterior's ``v1 + v2 - 2 c12``, not two marginals, averaged over 16 draws of the hyperparameters where the
     model has their posterior) with ``p_increase = P(change > 0)``, in model units. Cached per ``(run, from, to)``;
-    the hyperparameters' posterior is kept on the cached model, so another pair of quarters reuses it."""
+    the hyperparameters' posterior is kept on the cached model and in the run folder
+    (:func:`gpcore.run.change.run_change_table`), so another pair of quarters, or the same run after a restart,
+    reuses it."""
     from gpcore.data.temporal import parse_quarter
-    from gpcore.run.change import change_table
+    from gpcore.run.change import run_change_table
 
     run = st_run_data(path, stamp)
     t1, t2 = parse_quarter(t_from, "from"), parse_quarter(t_to, "to")
-    return change_table(st_model(path, stamp), run.grid[["cell_id", "lon", "lat"]], t1, t2, level=level)
+    return run_change_table(path, st_model(path, stamp), run.grid[["cell_id", "lon", "lat"]], t1, t2, level=level)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

@@ -228,15 +228,63 @@ def _key(model) -> tuple:
     return tuple(mod.X_train.shape), digest.hexdigest()
 
 
+#: the ``format`` of :func:`to_record`'s dict (a run keeps it as JSON: gpcore.run.change.run_change_table)
+RECORD_FORMAT = "gpcore-hyper-posterior-1"
+
+
+def to_record(model, post: HyperPosterior) -> dict:
+    """``post`` as a JSON-ready dict, with what it was computed from (:func:`_key`: the conditioning rows' shape and
+    a digest of every parameter), so that :func:`from_record` gives it back only to the same fitted model."""
+    shape, digest = _key(model)
+    return {"format": RECORD_FORMAT, "rows": list(shape), "params_sha1": digest, "names": list(post.names),
+            "mode": [float(v) for v in post.mode], "cov": [[float(v) for v in row] for row in post.cov],
+            "beta": [float(v) for v in post.beta], "value": float(post.value), "iterations": int(post.iterations),
+            "converged": bool(post.converged)}
+
+
+def from_record(model, record) -> HyperPosterior | None:
+    """The posterior of :func:`to_record` when ``record`` is one, well formed (finite, the model's hyperparameters,
+    a symmetric covariance) and computed from ``model`` as it is now (same rows and parameters); else ``None``."""
+    try:
+        if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+            return None
+        shape, digest = _key(model)
+        if record.get("rows") != list(shape) or record.get("params_sha1") != digest:
+            return None
+        k = len(names(model))
+        mode, cov = np.asarray(record["mode"], dtype=np.float64), np.asarray(record["cov"], dtype=np.float64)
+        beta = np.asarray(record["beta"], dtype=np.float64)
+        p = st.mean_design(model.module_, model.module_.X_train[:1]).shape[-1]
+        if (record.get("names") != names(model) or mode.shape != (k,) or cov.shape != (k, k) or beta.shape != (p,)
+                or not all(np.isfinite(a).all() for a in (mode, cov, beta)) or not np.array_equal(cov, cov.T)
+                or not isinstance(record.get("iterations"), int) or not isinstance(record.get("converged"), bool)):
+            return None
+        return HyperPosterior(names(model), mode, cov, beta, float(record["value"]), record["iterations"],
+                              record["converged"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def remember(model, post: HyperPosterior) -> None:
+    """Keep ``post`` on ``model`` as :func:`hyper_posterior` would (a stored one, given back by :func:`from_record`)."""
+    model._hyper_cache = (_key(model), post)
+
+
+def cached(model) -> HyperPosterior | None:
+    """The posterior :func:`hyper_posterior` keeps on ``model``, if it is still ``model``'s; else ``None``."""
+    kept = getattr(model, "_hyper_cache", None)
+    return kept[1] if kept is not None and kept[0] == _key(model) else None
+
+
 def hyper_posterior(model, max_iter: int = 100) -> HyperPosterior:
     """The REML mode from ``model``'s fitted hyperparameters (L-BFGS over ``theta``) and the Laplace approximation
     there (module docstring); ``model`` itself is not changed. Kept on the model until its parameters or its
     conditioning rows change (a second change between other quarters reuses it)."""
-    key, cached = _key(model), getattr(model, "_hyper_cache", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    kept = cached(model)
+    if kept is not None:
+        return kept
     post = _hyper_posterior(model, max_iter)
-    model._hyper_cache = (key, post)
+    remember(model, post)
     return post
 
 

@@ -14,6 +14,10 @@ A run folder holds::
                              (with time as an input: at its quarter), tied to grid.parquet and model/ by their SHA-256
                              (gpcore.run.grid_joint)
     history.json             per-epoch loss and validation NLL
+    hyper_posterior.json     a vecchia / dbk-nn run with time as an input, after its first change between quarters:
+                             the kernel hyperparameters' REML posterior, tied to model/ by a digest of its parameters
+                             (gpcore.models.vecchia_hyper.to_record); written then, atomically, where the folder is
+                             writable; a missing, stale or damaged one is computed again
 
 Writing is atomic (:func:`writing`): every file goes into a hidden ``.tmp-<run id>-<pid>-<hex>`` folder beside
 the final one, renamed into place when complete, so a crash or kill never leaves a half run. Reading goes
@@ -24,6 +28,7 @@ and safetensors: nothing is unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -53,6 +58,8 @@ CELLS = "grid_cells.parquet"
 CELLS_GEOJSON = "grid_cells.geojson"  # runs written before the cells were GeoParquet
 #: the joint posterior's factor over the grid's cells (safetensors; its metadata ties it to the grid and model)
 JOINT = "grid_joint.safetensors"
+#: the hyperparameters' posterior a change between quarters averages over (JSON; kept after the first change)
+HYPER = "hyper_posterior.json"
 METRICS = "metrics.csv"
 TEST_PREDICTIONS = "test_predictions.parquet"
 HISTORY = "history.json"
@@ -438,6 +445,31 @@ def read_joint(run_dir) -> tuple[dict, dict] | None:
     if not isinstance(identity, dict):
         raise RunError(f"run '{p.parent.name}': {JOINT} has no identity in its metadata; delete it")
     return tensors, identity
+
+
+def read_hyper(run_dir):
+    """The parsed ``hyper_posterior.json`` of a run, or ``None`` when it has none or it is not JSON (it is derived
+    data: the caller computes it again and overwrites it)."""
+    p = Path(run_dir) / HYPER
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_hyper(run_dir, record: dict) -> bool:
+    """Write ``record`` as the run's ``hyper_posterior.json`` (strict JSON), atomically: a temporary file beside it,
+    renamed into place. ``False`` (nothing written) where the run folder is not writable."""
+    p = Path(run_dir) / HYPER
+    tmp = p.with_name(f".{HYPER}.{os.getpid()}.{os.urandom(4).hex()}")
+    try:
+        tmp.write_text(json.dumps(record, allow_nan=False))
+        os.replace(tmp, p)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):  # e.g. no such folder: nothing to remove
+            tmp.unlink()
+        return False
 
 
 def model_zip(run_dir) -> bytes:

@@ -235,3 +235,39 @@ def test_draws_share_the_model_s_neighbour_index():
     model._tree = None
     work = vh.working_copy(model)
     assert model._tree is not None and work._neighbor_tree() is model._tree
+
+
+def test_a_record_gives_the_posterior_back_exactly_and_only_to_the_model_it_came_from():
+    import json
+
+    model, X, y = _fit()
+    post = vh.hyper_posterior(model)
+    record = json.loads(json.dumps(vh.to_record(model, post), allow_nan=False))  # as a run keeps it
+    back = vh.from_record(model, record)
+    assert back is not None and back.names == post.names
+    for a in ("mode", "cov", "beta"):
+        assert np.array_equal(getattr(back, a), getattr(post, a)), a
+    assert (back.value, back.iterations, back.converged) == (post.value, post.iterations, post.converged)
+    other, _, _ = _fit()
+    with torch.no_grad():
+        other.module_.raw_noise.add_(1e-6)  # the same data, another parameter: not its posterior
+    assert vh.from_record(other, record) is None
+    bad = [None, [], {**record, "format": "other"}, {**record, "names": record["names"][::-1]},
+           {**record, "mode": record["mode"][:-1]}, {**record, "mode": [math.nan] * len(record["mode"])},
+           {**record, "cov": [[v + (i < j) * 1e-3 for j, v in enumerate(r)] for i, r in enumerate(record["cov"])]},
+           {**record, "beta": record["beta"] + [0.0]}, {**record, "iterations": "13"},
+           {k: v for k, v in record.items() if k != "value"}, {**record, "rows": [1, 3]}]
+    assert [vh.from_record(model, b) for b in bad] == [None] * len(bad)
+
+
+def test_a_remembered_posterior_is_the_one_hyper_posterior_returns(monkeypatch):
+    model, X, y = _fit()
+    post = vh.hyper_posterior(model)
+    fresh, _, _ = _fit()
+    assert vh.cached(fresh) is None
+    vh.remember(fresh, post)
+    monkeypatch.setattr(vh, "_hyper_posterior", lambda *a: pytest.fail("computed again"))
+    assert vh.cached(fresh) is post and vh.hyper_posterior(fresh) is post
+    with torch.no_grad():
+        fresh.module_.raw_noise.add_(0.5)
+    assert vh.cached(fresh) is None

@@ -9,14 +9,26 @@ changes, each one of the above at its own hyperparameters."""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy.stats import norm
 
 from gpcore import make_model
 from gpcore.models import vecchia_hyper
-from gpcore.run.change import change_moments, change_posterior, change_table, mixture_quantile, p_increase
+from gpcore.run import rundir
+from gpcore.run.change import (
+    change_moments,
+    change_posterior,
+    change_table,
+    mixture_quantile,
+    p_increase,
+    run_change_table,
+)
 
 QUARTERS = 2019.125 + 0.25 * np.arange(4)
 
@@ -161,3 +173,53 @@ def test_a_failed_hyperparameter_posterior_falls_back_to_the_fitted_ones(monkeyp
     mean, var = change_moments(model, _cells(), 2019.375, 2020.125)
     assert c.draws == 0 and "averaging over the hyperparameters failed: cholesky" in c.hyper
     np.testing.assert_allclose(c.p, p_increase(mean, var))
+
+
+def test_a_run_keeps_its_hyperparameter_posterior_for_the_next_change(tmp_path, monkeypatch):
+    """run_change_table writes the posterior into the run folder after the first change; a fresh copy of the model
+    (another process, another pair of quarters) reads it back instead of fitting REML again, with the same table."""
+    model, X, y = _fit("separable")
+    frame = pd.DataFrame(_cells(), columns=["lon", "lat"])
+    first = run_change_table(tmp_path, model, frame, 2019.375, 2020.125, hyper_draws=4)
+    stored = json.loads((tmp_path / rundir.HYPER).read_text())
+    assert stored["mode"] == vecchia_hyper.hyper_posterior(model).mode.tolist()
+    again = copy.deepcopy(model)
+    again._hyper_cache = None  # as a model loaded in another process
+    monkeypatch.setattr(vecchia_hyper, "_hyper_posterior", lambda *a: pytest.fail("REML fitted again"))
+    second = run_change_table(tmp_path, again, frame, 2019.375, 2020.125, hyper_draws=4)
+    pd.testing.assert_frame_equal(second, first)
+    assert second.attrs["hyper"] == first.attrs["hyper"]
+    other = run_change_table(tmp_path, again, frame, 2019.125, 2019.875, hyper_draws=4)  # another pair, same run
+    assert not np.allclose(other["change_mean"], first["change_mean"])
+
+
+def test_a_stale_or_damaged_stored_posterior_is_computed_again_and_replaced(tmp_path, monkeypatch):
+    model, X, y = _fit("separable")
+    frame = pd.DataFrame(_cells(), columns=["lon", "lat"])
+    calls = []
+    real = vecchia_hyper._hyper_posterior
+    monkeypatch.setattr(vecchia_hyper, "_hyper_posterior", lambda *a: calls.append(1) or real(*a))
+    (tmp_path / rundir.HYPER).write_text("{not json")
+    run_change_table(tmp_path, model, frame, 2019.375, 2020.125, hyper_draws=2)
+    assert len(calls) == 1 and vecchia_hyper.from_record(model, rundir.read_hyper(tmp_path)) is not None
+    refit = copy.deepcopy(model)
+    refit._hyper_cache = None
+    with torch.no_grad():
+        refit.module_.raw_noise.add_(0.3)  # the run's model refitted: the stored posterior is not its own
+    run_change_table(tmp_path, refit, frame, 2019.375, 2020.125, hyper_draws=2)
+    assert len(calls) == 2
+    assert vecchia_hyper.from_record(refit, rundir.read_hyper(tmp_path)) is not None
+    assert vecchia_hyper.from_record(model, rundir.read_hyper(tmp_path)) is None
+
+
+def test_a_run_folder_that_cannot_be_written_still_gets_its_change(tmp_path):
+    model, X, y = _fit("separable")
+    frame = pd.DataFrame(_cells(), columns=["lon", "lat"])
+    (tmp_path / "file").write_text("")
+    not_a_folder = tmp_path / "file"  # writing inside it fails for every user, root included
+    table = run_change_table(not_a_folder, model, frame, 2019.375, 2020.125, hyper_draws=2)
+    pd.testing.assert_frame_equal(table, change_table(model, frame, 2019.375, 2020.125, hyper_draws=2))
+    assert rundir.read_hyper(not_a_folder) is None and not rundir.write_hyper(not_a_folder, {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    plug = run_change_table(tmp_path, model, frame, 2019.375, 2020.125, hyper_draws=0)  # no draws: nothing kept
+    assert plug.attrs["hyper"].startswith("at the fitted") and not (tmp_path / rundir.HYPER).exists()
