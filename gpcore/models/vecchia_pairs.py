@@ -56,17 +56,30 @@ def _fixed(model) -> tuple:
     return model._joint_residuals(), model._joint_lowrank(), vecchia_cv.latent_scale(model)
 
 
+def pair_neighbors(model, X1, X2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both places' prediction neighbours (``n x k`` training indices each) of pairs at places in the caller's units.
+    They depend on the places alone (the model's fixed search metric), not on the hyperparameters: draws of the
+    hyperparameters share them (:func:`gpcore.run.change.change_posterior`)."""
+    from gpcore.models.inputs import as_2d_float
+
+    model._check_fitted()
+    return tuple(model._prediction_neighbors(model.scale_x(as_2d_float(X, name, d=model.d_)))
+                 for X, name in ((X1, "X1"), (X2, "X2")))
+
+
 @torch.no_grad()
-def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, fixed: tuple | None = None) -> tuple[torch.Tensor,
-                                                                                                     torch.Tensor]:
+def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, fixed: tuple | None = None,
+                   neighbors: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Means (``b x 2``) and covariances (``b x 2 x 2``) of ``[f(x1_i), f(x2_i)]`` at scaled places (``b x d`` each),
     in the model's scaled target units, float64 (module docstring). ``fixed``: :func:`_fixed` of the model when the
-    caller holds it for many chunks (``None``: computed here)."""
+    caller holds it for many chunks (``None``: computed here); ``neighbors``: the places' :func:`pair_neighbors` rows
+    when the caller has them (``None``: searched here)."""
     from gpcore.models.vecchia import group_covariance
 
     mod = model.module_
     e_train, lowrank, scale = _fixed(model) if fixed is None else fixed
-    U, valid = _union(model._prediction_neighbors(X1s), model._prediction_neighbors(X2s))
+    N1, N2 = neighbors or (model._prediction_neighbors(X1s), model._prediction_neighbors(X2s))
+    U, valid = _union(N1, N2)
     b, k = U.shape
     x = torch.stack([X1s, X2s], dim=1).double()  # b x 2 x d
     Xg = torch.cat([mod.X_train[U].double(), x], dim=1)
@@ -94,11 +107,13 @@ def pair_moments_s(model, X1s: torch.Tensor, X2s: torch.Tensor, fixed: tuple | N
     return mean, cov
 
 
-def pair_moments(model, X1, X2, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def pair_moments(model, X1, X2, chunk: int | None = None,
+                 neighbors: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`pair_moments_s` at places ``X1``, ``X2`` in the caller's units (``n x d`` each; row ``i`` of both is
     pair ``i``): means ``n x 2`` and covariances ``n x 2 x 2`` in the caller's target units, ``chunk`` pairs per
     batched Cholesky (default the config's ``prediction_chunk``: 128 on the CPU, where 36,785 pairs take 6.1 s against
-    13 s in chunks of 2,048 on one thread)."""
+    13 s in chunks of 2,048 on one thread). ``neighbors``: :func:`pair_neighbors` of ``X1, X2`` when the caller has
+    them (the same for every draw of the hyperparameters)."""
     from gpcore.models.inputs import as_2d_float
 
     model._check_fitted()
@@ -107,11 +122,14 @@ def pair_moments(model, X1, X2, chunk: int | None = None) -> tuple[np.ndarray, n
     if X1.shape != X2.shape:
         raise ValueError(f"X1 and X2 must pair up row by row, got {X1.shape} and {X2.shape}")
     n = X1.shape[0]
+    if neighbors is not None and not len(neighbors[0]) == len(neighbors[1]) == n:
+        raise ValueError(f"neighbors must have a row per pair ({n}), got {len(neighbors[0])} and {len(neighbors[1])}")
     chunk = chunk or model.config.prediction_chunk(model.module_.X_train.device.type)
     mean, cov = np.empty((n, 2)), np.empty((n, 2, 2))
     model.module_.eval()
     fixed = _fixed(model)
     for i in range(0, n, chunk):
-        m, c = pair_moments_s(model, model.scale_x(X1[i : i + chunk]), model.scale_x(X2[i : i + chunk]), fixed)
+        nb = None if neighbors is None else (neighbors[0][i : i + chunk], neighbors[1][i : i + chunk])
+        m, c = pair_moments_s(model, model.scale_x(X1[i : i + chunk]), model.scale_x(X2[i : i + chunk]), fixed, nb)
         mean[i : i + chunk], cov[i : i + chunk] = m.cpu().numpy(), c.cpu().numpy()
     return mean * model.y_std_ + model.y_mean_, cov * float(model.y_std_) ** 2

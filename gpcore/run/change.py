@@ -44,8 +44,8 @@ HYPER_DRAWS = 16
 COLUMNS = ("cell_id", "lon", "lat", "change_mean", "change_sd", "change_lo", "change_hi", "p_increase")
 
 
-def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str = "auto") -> tuple[np.ndarray,
-                                                                                                      np.ndarray]:
+def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str = "auto",
+                   neighbors: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Mean and variance of ``f(x, t2) - f(x, t1)`` at each row of ``X`` (``n x 2``: the space columns) for a model
     whose last input is time, in the model's (transformed) units; shapes ``(n,)``. ``t1``, ``t2`` in decimal years.
 
@@ -53,7 +53,8 @@ def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str 
     on one shared set of training responses (:mod:`gpcore.models.vecchia_pairs`), mean and variance from that one
     conditional. ``via="joint"`` (``"auto"`` otherwise): means the model's predictive
     means, the variance ``v1 + v2 - 2 c12`` from its joint posterior (:meth:`posterior_cov` over the ``2 x chunk``
-    places of each chunk of cells), floored at 0.
+    places of each chunk of cells), floored at 0. ``neighbors``: the pairs' :func:`_pair_neighbors` when the caller
+    has them (they do not depend on the hyperparameters); used by the pairs only.
     """
     from gpcore.models import vecchia_pairs
 
@@ -68,10 +69,9 @@ def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str 
     if chunk < 1:
         raise ConfigError(f"chunk must be >= 1, got {chunk}")
     n = X.shape[0]
-    X1 = np.column_stack([X, np.full(n, float(t1))])
-    X2 = np.column_stack([X, np.full(n, float(t2))])
+    X1, X2 = _places(X, t1, t2)
     if via == "pairs" or (via == "auto" and vecchia_pairs.supports(model)):
-        mu, C = vecchia_pairs.pair_moments(model, X1, X2)
+        mu, C = vecchia_pairs.pair_moments(model, X1, X2, neighbors=neighbors)
         return mu[:, 1] - mu[:, 0], np.maximum(C[:, 0, 0] + C[:, 1, 1] - 2.0 * C[:, 0, 1], 0.0)
     mean = model.predict(X2).mean - model.predict(X1).mean
     var = np.empty(n)
@@ -85,6 +85,20 @@ def change_moments(model, X, t1: float, t2: float, chunk: int = CHUNK, via: str 
         d = np.diag(C)
         var[idx] = d[:c] + d[c:] - 2.0 * C[np.arange(c), c + np.arange(c)]
     return mean, np.maximum(var, 0.0)
+
+
+def _places(X, t1: float, t2: float) -> tuple[np.ndarray, np.ndarray]:
+    """The places ``(x, t1)`` and ``(x, t2)`` of every row ``x`` of ``X`` (space columns)."""
+    X = np.asarray(X, dtype=np.float64)
+    return tuple(np.column_stack([X, np.full(X.shape[0], float(t))]) for t in (t1, t2))
+
+
+def _pair_neighbors(model, X, t1: float, t2: float) -> tuple | None:
+    """What every draw of the hyperparameters shares in :func:`change_moments`: the pairs' training neighbours
+    (:func:`gpcore.models.vecchia_pairs.pair_neighbors`), or ``None`` where the change does not take the pairs."""
+    from gpcore.models import vecchia_pairs
+
+    return vecchia_pairs.pair_neighbors(model, *_places(X, t1, t2)) if vecchia_pairs.supports(model) else None
 
 
 def p_increase(mean, var) -> np.ndarray:
@@ -138,7 +152,9 @@ def change_posterior(model, X, t1: float, t2: float, level: float = 0.95, chunk:
             post = vecchia_hyper.hyper_posterior(model)
             if not (np.isfinite(post.mode).all() and np.isfinite(post.cov).all()):
                 raise ValueError("a non-finite REML mode or covariance")
-            parts = [change_moments(m, X, t1, t2, chunk) for m in vecchia_hyper.draws(model, hyper_draws, seed, post)]
+            nb = _pair_neighbors(model, X, t1, t2)  # searched once: the draws share the inputs' neighbours
+            parts = [change_moments(m, X, t1, t2, chunk, neighbors=nb)
+                     for m in vecchia_hyper.draws(model, hyper_draws, seed, post)]
             means = np.stack([m for m, _ in parts], 1)
             sds = np.sqrt(np.stack([v for _, v in parts], 1))
             if not (np.isfinite(means).all() and np.isfinite(sds).all()):

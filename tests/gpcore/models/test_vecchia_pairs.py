@@ -183,3 +183,17 @@ def test_a_dbk_nn_s_pair_marginals_are_its_predictions_when_both_places_share_th
     tol = 1e-8 if dtype == "float64" else 1e-5
     np.testing.assert_allclose(mean[:, 0], pred.mean, rtol=tol, atol=tol)
     np.testing.assert_allclose(cov[:, 0, 0], pred.var_f, rtol=tol * 10, atol=tol * 1e-2)
+
+
+def test_neighbours_searched_once_give_the_same_posterior_in_every_chunk():
+    model = _fit(neighbors=6)
+    A, B = _pairs()
+    nb = vecchia_pairs.pair_neighbors(model, A, B)
+    assert [tuple(n.shape) for n in nb] == [(len(A), 9), (len(B), 9)]
+    mean, cov = vecchia_pairs.pair_moments(model, A, B, chunk=4)
+    mean_nb, cov_nb = vecchia_pairs.pair_moments(model, A, B, chunk=4, neighbors=nb)
+    assert np.array_equal(mean_nb, mean) and np.array_equal(cov_nb, cov)
+    others = tuple(torch.roll(n, 1, dims=0) for n in nb)  # another pair's neighbours: another posterior
+    assert not np.allclose(vecchia_pairs.pair_moments(model, A, B, chunk=4, neighbors=others)[1], cov)
+    with pytest.raises(ValueError, match="a row per pair"):
+        vecchia_pairs.pair_moments(model, A, B, neighbors=(nb[0][:-1], nb[1]))

@@ -223,3 +223,20 @@ def test_a_run_folder_that_cannot_be_written_still_gets_its_change(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
     plug = run_change_table(tmp_path, model, frame, 2019.375, 2020.125, hyper_draws=0)  # no draws: nothing kept
     assert plug.attrs["hyper"].startswith("at the fitted") and not (tmp_path / rundir.HYPER).exists()
+
+
+def test_the_hyperparameter_draws_share_one_neighbour_search(monkeypatch):
+    from gpcore.models.vecchia import VecchiaGP
+
+    model, X, y = _fit("separable")
+    cells = _cells()
+    vecchia_hyper.hyper_posterior(model)
+    expected = change_posterior(model, cells, 2019.375, 2020.125, hyper_draws=3)
+    searched = []
+    real = VecchiaGP._prediction_neighbors
+    monkeypatch.setattr(VecchiaGP, "_prediction_neighbors", lambda self, *a, **k: searched.append(1) or real(self, *a,
+                                                                                                              **k))
+    c = change_posterior(model, cells, 2019.375, 2020.125, hyper_draws=3)
+    assert len(searched) == 2  # each quarter's places once, not once per draw
+    for a in ("mean", "sd", "lo", "hi", "p"):
+        assert np.array_equal(getattr(c, a), getattr(expected, a)), a
