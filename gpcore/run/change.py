@@ -217,7 +217,7 @@ def run_change_table(run_dir, model, cells, t1: float, t2: float, level: float =
     """:func:`change_table` for the model of the run at ``run_dir``, with the hyperparameters' posterior kept in the
     run (``hyper_posterior.json``, :mod:`gpcore.run.rundir`): read back when it was computed from this model, else
     computed by the first change and written, so that later changes of the run, in any process (another pair of
-    quarters, the CLI after the app), skip the REML fit (on 116,406 rows: 88 s of the first change's 190 s)."""
+    quarters, the CLI after the app), skip the REML fit (on 116,406 rows: 88 s of the first change's 176 s)."""
     from gpcore.models import vecchia_hyper
     from gpcore.run import rundir
 
