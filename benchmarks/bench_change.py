@@ -34,6 +34,7 @@ Last, where the truth lies in each model's hyperparameter posterior (:func:`lapl
 
     OMP_NUM_THREADS=1 python benchmarks/bench_change.py --out change.md   # the run in docs (~8 min on one core)
     python benchmarks/bench_change.py --smoke                             # one tiny world, seconds (CI)
+    python benchmarks/bench_change.py --pool a.reliability.csv b.reliability.csv   # runs on disjoint seeds, pooled
 """
 
 from __future__ import annotations
@@ -283,6 +284,32 @@ def reliability_table(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def pool_reliability(tables) -> pd.DataFrame:
+    """The reliability of several runs' cells together, from their ``.reliability.csv`` tables (runs on disjoint
+    seeds): per (model, posterior, change, bin) the counts, forecast sums and both variances add, as they would over
+    the pooled cells (the binomial variance ``sum p (1 - p)``, the by-seed one ``sum_g r_g^2``: seeds are independent
+    clusters)."""
+    d = pd.concat(tables, ignore_index=True)
+    d = d.assign(k=d["observed"] * d["n"], ps=d["p_mean"] * d["n"], v=(d["se"] * d["n"]) ** 2,
+                 vg=(d["se_groups"] * d["n"]) ** 2)
+    g = d.groupby(["model", "posterior", "pair", "lo", "hi"], sort=False)[["n", "k", "ps", "v", "vg"]].sum()
+    g = g.reset_index()
+    g["z"], g["z_groups"] = (g["k"] - g["ps"]) / np.sqrt(g["v"]), (g["k"] - g["ps"]) / np.sqrt(g["vg"])
+    g["observed"], g["p_mean"] = g["k"] / g["n"], g["ps"] / g["n"]
+    return g
+
+
+def pooled_markdown(pooled: pd.DataFrame) -> str:
+    lines = ["| model | posterior | change | cells | bins within 2 SE (by seed) | max abs z (bin) | χ² p (by seed) |",
+             "|---|---|---|---|---|---|---|"]
+    for (model, post, pair), h in pooled.groupby(["model", "posterior", "pair"], sort=False):
+        worst = h.loc[h["z"].abs().idxmax()]
+        lines.append(f"| {model} | {post} | {pair} | {int(h['n'].sum())} | {int((h['z'].abs() <= 2).sum())}/{len(h)} "
+                     f"({int((h['z_groups'].abs() <= 2).sum())}) | {abs(worst['z']):.2f} (P {worst['lo']:.1f}-"
+                     f"{worst['hi']:.1f}) | {chi2_p(h['z']):.3f} ({chi2_p(h['z_groups']):.3f}) |")
+    return "\n".join(lines)
+
+
 def _mark(z: float) -> str:
     return "" if abs(z) <= 2 else " ✗"
 
@@ -373,8 +400,21 @@ def main(argv=None) -> int:
                     help=f"hyperparameter draws of change_posterior (default {HYPER_DRAWS}, the CLI's and the app's)")
     ap.add_argument("--no-dense", action="store_true",
                     help="skip the dense exact GP at each model's fitted hyperparameters (O(n^3) per world)")
+    ap.add_argument("--pool", nargs="+", metavar="CSV",
+                    help="pool the .reliability.csv files of earlier runs on disjoint seeds into one table, and stop")
     add_race_args(ap, smoke="one tiny world, tiny models")
     args = ap.parse_args(argv)
+    if args.pool:
+        try:
+            tables = [pd.read_csv(f) for f in args.pool]
+        except (OSError, ValueError) as e:
+            print(f"error: --pool: {e}", file=sys.stderr)
+            return 2
+        pooled = pool_reliability(tables)
+        header = (f"Change calibration pooled over {len(tables)} runs ({', '.join(args.pool)}): bins within two "
+                  f"binomial SEs (in brackets by seed), the largest |z| and its bin, the χ² test over the bins.")
+        report(header, pooled_markdown(pooled), pooled, args.out)
+        return 0
     if args.smoke:
         args.seeds, args.places = 1, 150
     pairs = parse_pairs(args.pairs)
