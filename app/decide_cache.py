@@ -97,15 +97,16 @@ def st_suggest(path: str, stamp: float, k: int, target: str, threshold: float, u
 # ---------------------------------------------------------------------------------------------
 
 
-@st.cache_data(show_spinner="Computing the change between the quarters (joint posterior, averaged over draws of the "
-                             "hyperparameters: minutes on a run with 100,000 rows) ...", max_entries=16)
+@st.cache_data(show_spinner="Computing the change between the quarters (joint posterior, over the hyperparameters' "
+                             "posterior: the first change of a run with 100,000 rows takes a minute or two) ...",
+               max_entries=16)
 def st_change(path: str, stamp: float, t_from: str, t_to: str, level: float = 0.95) -> pd.DataFrame:
     """The posterior of ``f(x, to) - f(x, from)`` at every grid cell (:func:`gpcore.run.change.change_table`: the
     joint posterior's ``v1 + v2 - 2 c12``, not two marginals, averaged over 16 draws of the hyperparameters where the
-    model has their posterior) with ``p_increase = P(change > 0)``, in model units. Cached per ``(run, from, to)``;
-    the hyperparameters' posterior is kept on the cached model and in the run folder
-    (:func:`gpcore.run.change.run_change_table`), so another pair of quarters, or the same run after a restart,
-    reuses it."""
+    model has their posterior, at its REML mode where that posterior is narrow) with ``p_increase = P(change > 0)``,
+    in model units. Cached per ``(run, from, to)``; the hyperparameters' posterior is kept on the cached model and in
+    the run folder (:func:`gpcore.run.change.run_change_table`), so another pair of quarters, or the same run after a
+    restart, reuses it."""
     from gpcore.data.temporal import parse_quarter
     from gpcore.run.change import run_change_table
 

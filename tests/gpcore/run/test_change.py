@@ -240,3 +240,25 @@ def test_the_hyperparameter_draws_share_one_neighbour_search(monkeypatch):
     assert len(searched) == 2  # each quarter's places once, not once per draw
     for a in ("mean", "sd", "lo", "hi", "p"):
         assert np.array_equal(getattr(c, a), getattr(expected, a)), a
+
+
+def test_a_narrow_hyperparameter_posterior_takes_the_change_at_its_mode_alone(monkeypatch):
+    """Where every sd of the hyperparameters' posterior is below NARROW_SD (large data sets) the change is the one at
+    the REML mode: no draws. The small test model's posterior is wide, so by default it averages (the test above)."""
+    from gpcore.run import change as change_mod
+
+    model, X, y = _fit("separable")
+    cells = _cells()
+    post = vecchia_hyper.hyper_posterior(model)
+    sd = np.sqrt(np.diag(post.cov)).max()
+    assert sd > change_mod.NARROW_SD  # this posterior is wide: the default averages over draws
+    monkeypatch.setattr(change_mod, "NARROW_SD", sd * 1.01)
+    c = change_posterior(model, cells, 2019.375, 2020.125, level=0.9)
+    mean, var = change_moments(vecchia_hyper.at_theta(model, post.mode), cells, 2019.375, 2020.125)
+    assert c.draws == 1 and "REML mode" in c.hyper and "narrow" in c.hyper
+    assert np.array_equal(c.mean, mean) and np.array_equal(c.p, p_increase(mean, var))
+    np.testing.assert_allclose(c.hi, mean + norm.ppf(0.95) * np.sqrt(var))
+    fitted = change_moments(model, cells, 2019.375, 2020.125)[0]
+    assert not np.allclose(mean, fitted, atol=1e-4)  # the mode is not the fitted hyperparameters
+    monkeypatch.setattr(change_mod, "NARROW_SD", sd * 0.99)
+    assert change_posterior(model, cells, 2019.375, 2020.125, hyper_draws=3).draws == 3
