@@ -233,14 +233,12 @@ def run_change_table(run_dir, model, cells, t1: float, t2: float, level: float =
     from gpcore.run import rundir
 
     uses = hyper_draws > 0 and vecchia_hyper.supports(model)
-    if uses and vecchia_hyper.cached(model) is None:
-        stored = vecchia_hyper.from_record(model, rundir.read_hyper(run_dir))
-        if stored is not None:
-            vecchia_hyper.remember(model, stored)
+    stored = vecchia_hyper.from_record(model, rundir.read_hyper(run_dir)) if uses else None
+    if stored is not None and vecchia_hyper.cached(model) is None:
+        vecchia_hyper.remember(model, stored)
     table = change_table(model, cells, t1, t2, level, chunk, hyper_draws)
-    post = vecchia_hyper.cached(model) if uses else None  # None too where the REML fit failed before its mode
-    if (post is not None and np.isfinite(post.mode).all() and np.isfinite(post.cov).all()
-            and vecchia_hyper.from_record(model, rundir.read_hyper(run_dir)) is None):
+    post = vecchia_hyper.cached(model) if uses and stored is None else None  # None too where the REML fit failed
+    if post is not None and np.isfinite(post.mode).all() and np.isfinite(post.cov).all():
         rundir.write_hyper(run_dir, vecchia_hyper.to_record(model, post))
     return table
 
