@@ -27,7 +27,9 @@ is the Vecchia approximation's, the gap to the truth the fitted hyperparameters'
 (calibration of a posterior holds on average over the prior, not per field). Reliability: ten equal-width bins of P
 (:func:`gpcore.metrics.reliability`), per bin the observed share of true increases against the mean predicted P,
 with the binomial SE of a calibrated forecast and the SE by seed (cluster-robust: cells of one field are correlated);
-the bar is every bin within 2 SE. Ten bins each held to 2 SE fail a calibrated forecast about one time in three, so
+the bar is every bin within 2 SE. "Decile" read the other way, as ten equal-count groups of the forecasts (the
+Hosmer-Lemeshow "deciles of risk", ``reliability(..., by="count")``), gets its own table and ``.deciles.csv``.
+Ten bins each held to 2 SE fail a calibrated forecast about one time in three, so
 the table also gives one test over all bins: the p-value of ``sum z^2`` against chi-squared with one degree per bin.
 Last, where the truth lies in each model's hyperparameter posterior (:func:`laplace_z`: mean ``z^2`` over the worlds,
 1 when the Laplace approximation the change averages over is as wide as the REML mode's scatter around the truth).
@@ -252,6 +254,13 @@ def summary(cells: pd.DataFrame) -> pd.DataFrame:
                 p = p_increase(c["mean"].to_numpy(), var)
                 inside = np.abs(c["true"] - c["mean"]) <= M.Z95 * np.sqrt(var)
             rel = M.reliability(p, up, BINS, groups=c["seed"])
+            if kind == "joint":  # the other reading of "deciles": ten equal-count groups of P (Hosmer-Lemeshow)
+                deciles = M.reliability(p, up, BINS, groups=c["seed"], by="count")
+                row.update({"deciles_ok": int((deciles["z"].abs() <= 2).sum()), "deciles": len(deciles),
+                            "deciles_ok_seeds": int((deciles["z_groups"].abs() <= 2).sum()),
+                            "deciles_max_abs_z": float(deciles["z"].abs().max()),
+                            "deciles_chi2_p": chi2_p(deciles["z"]),
+                            "deciles_chi2_p_seeds": chi2_p(deciles["z_groups"])})
             # the coverage as a one-bin reliability of the constant forecast 0.95: binomial and by-seed SEs
             cov = M.reliability(np.full(len(c), 0.95), inside, bins=1, groups=c["seed"]).iloc[0]
             row.update({f"chi2_p_{kind}": chi2_p(rel["z"]), f"chi2_p_seeds_{kind}": chi2_p(rel["z_groups"]),
@@ -276,10 +285,10 @@ def chi2_p(z: pd.Series) -> float:
     return float(chi2.sf(float(np.sum(z**2)), len(z))) if len(z) else float("nan")
 
 
-def reliability_table(cells: pd.DataFrame) -> pd.DataFrame:
+def reliability_table(cells: pd.DataFrame, by: str = "width") -> pd.DataFrame:
     parts = []
     for (model, post, pair), c in cells.groupby(["model", "posterior", "pair"], sort=False):
-        rel = M.reliability(c["p"].to_numpy(), c["true"] > 0, BINS, groups=c["seed"])
+        rel = M.reliability(c["p"].to_numpy(), c["true"] > 0, BINS, groups=c["seed"], by=by)
         parts.append(rel.assign(model=model, posterior=post, pair=pair))
     return pd.concat(parts, ignore_index=True)
 
@@ -314,7 +323,7 @@ def _mark(z: float) -> str:
     return "" if abs(z) <= 2 else " ✗"
 
 
-def markdown(s: pd.DataFrame, rel: pd.DataFrame, hyp: pd.DataFrame, truth: Truth) -> str:
+def markdown(s: pd.DataFrame, rel: pd.DataFrame, dec: pd.DataFrame, hyp: pd.DataFrame, truth: Truth) -> str:
     lines = ["### P(change > 0) and the 95 % change interval at the held-out places", "",
              "| model | posterior | change | cells | joint: bins within 2 SE (by seed) | max abs z | χ² p (by seed) | "
              "95 % coverage | Brier | mean sd | independent: bins within 2 SE (by seed) | 95 % coverage | Brier | "
@@ -346,6 +355,15 @@ def markdown(s: pd.DataFrame, rel: pd.DataFrame, hyp: pd.DataFrame, truth: Truth
                              f"{r.observed.iloc[0]:.3f} / {r.p_mean.iloc[0]:.3f} ({r.z.iloc[0]:+.2f}"
                              f"{_mark(r.z.iloc[0])}; n {r.n.iloc[0]})")
             lines.append(f"| {lo:.1f}-{lo + 1 / BINS:.1f} | " + " | ".join(cells) + " |")
+    lines += ["", "### The joint P(change > 0) in deciles: ten equal-count groups of P (Hosmer-Lemeshow)", "",
+              "| model | posterior | change | deciles within 2 SE (by seed) | max abs z | χ² p (by seed) | "
+              "each decile: P range, observed / mean P (z) |", "|---|---|---|---|---|---|---|"]
+    for r in s.itertuples(index=False):
+        d = dec[(dec["model"] == r.model) & (dec["posterior"] == r.posterior) & (dec["pair"] == r.pair)]
+        each = "; ".join(f"{b.lo:.2f}-{b.hi:.2f}: {b.observed:.3f} / {b.p_mean:.3f} ({b.z:+.2f}{_mark(b.z)})"
+                         for b in d.itertuples(index=False))
+        lines.append(f"| {r.model} | {r.posterior} | {r.pair} | {r.deciles_ok}/{r.deciles} ({r.deciles_ok_seeds}) | "
+                     f"{r.deciles_max_abs_z:.2f} | {r.deciles_chi2_p:.3f} ({r.deciles_chi2_p_seeds:.3f}) | {each} |")
     if len(hyp):
         t = truth
         lines += ["", "### Learned hyperparameters (median over seeds; the truth in the first row)", "",
@@ -457,16 +475,19 @@ def main(argv=None) -> int:
               f"the mean P (in brackets: within two SEs by seed, the cluster-robust SE that allows for the "
               f"correlation of cells of one field); χ² p: one test of calibration over all bins, the p-value of "
               f"the sum of the bins' squared z against chi-squared with one degree per bin (by seed: with the "
-              f"cluster-robust z); coverage ✗ when more than two binomial SEs from 95 % (in brackets "
+              f"cluster-robust z); deciles: the same with ten equal-count groups of P instead of ten "
+              f"equal-width bins; coverage ✗ when more than two binomial SEs from 95 % (in brackets "
               f"two SEs by seed and its verdict). Posteriors: "
               f"'{JOINT}' is the model's change posterior as the CLI and the app compute it ({args.hyper_draws} "
               f"draws); '{PLUGIN}' the same at the fitted hyperparameters alone; '{DENSE}' the exact GP with the "
               f"model's fitted kernel, noise and mean; '{ORACLE}' the exact GP with the prior the field was drawn "
               f"from (calibrated by construction).\n\n"
               f"{stamp(time.perf_counter() - t_start)}")
-    report(header, markdown(s, rel, pd.DataFrame(hyp), truth), s, args.out)
+    dec = reliability_table(df, by="count")
+    report(header, markdown(s, rel, dec, pd.DataFrame(hyp), truth), s, args.out)
     if args.out:
         rel.to_csv(Path(args.out).with_suffix(".reliability.csv"), index=False)
+        dec.to_csv(Path(args.out).with_suffix(".deciles.csv"), index=False)
     ok = np.isfinite(df[["mean", "var_joint", "var_indep"]].to_numpy()).all()
     return 0 if ok else 1
 

@@ -216,10 +216,15 @@ def coverage_band(mean, var_y, y, groups=None, level: float = 0.95) -> dict[str,
             "two_se_groups": 2 * float(row["se_groups"]) if groups is not None else math.nan}
 
 
-def reliability(p, event, bins: int = 10, groups=None) -> pd.DataFrame:
+def reliability(p, event, bins: int = 10, groups=None, by: str = "width") -> pd.DataFrame:
     """Reliability of forecast probabilities ``p`` of binary ``event`` (0/1 or bool) in ``bins`` equal-width bins of
     ``[0, 1]`` (the last one closed), one row per non-empty bin: ``lo``, ``hi``, ``n``, ``p_mean`` (mean forecast),
     ``observed`` (frequency of the event), ``se`` and ``z = (observed - p_mean) / se``.
+
+    ``by="count"`` makes the bins equal-count groups of the forecasts instead, the "deciles of risk" of the
+    Hosmer–Lemeshow test (``bins=10``): the forecasts sorted (ties in input order), the one of rank ``r`` (from 0) in
+    group ``floor(r * bins / n)``, so the groups' sizes differ by at most one; ``lo`` and ``hi`` are then the
+    smallest and largest forecast of the group.
 
     ``se = sqrt(sum_i p_i (1 - p_i)) / n`` is the standard error of the observed frequency if the forecasts are
     calibrated and the events independent, so ``|z| <= 2`` is "within two binomial SEs". With ``groups`` (one label
@@ -233,6 +238,8 @@ def reliability(p, event, bins: int = 10, groups=None) -> pd.DataFrame:
     p, e = _arrays(p, event)
     if bins < 1:
         raise ValueError(f"bins must be >= 1, got {bins}")
+    if by not in ("width", "count"):
+        raise ValueError(f"by must be 'width' or 'count', got {by!r}")
     if bad := int(np.sum(~((p >= 0) & (p <= 1)))):
         raise ValueError(f"probabilities must lie in [0, 1]; {bad} of {p.size} do not (NaN or outside)")
     g = None
@@ -245,7 +252,11 @@ def reliability(p, event, bins: int = 10, groups=None) -> pd.DataFrame:
     def z_of(obs, pm, se):
         return (obs - pm) / se if se > 0 else (0.0 if obs == pm else math.copysign(math.inf, obs - pm))
 
-    k = np.minimum((p * bins).astype(int), bins - 1)
+    if by == "width":
+        k = np.minimum((p * bins).astype(int), bins - 1)
+    else:  # ranks, integer arithmetic: the groups never depend on rounding
+        k = np.empty(p.size, dtype=np.int64)
+        k[np.argsort(p, kind="stable")] = np.arange(p.size, dtype=np.int64) * bins // max(p.size, 1)
     rows = []
     for b in range(bins):
         sel = k == b
@@ -254,7 +265,8 @@ def reliability(p, event, bins: int = 10, groups=None) -> pd.DataFrame:
             continue
         pm, obs = float(p[sel].mean()), float(e[sel].mean())
         se = math.sqrt(float(np.sum(p[sel] * (1.0 - p[sel])))) / n
-        row = {"lo": b / bins, "hi": (b + 1) / bins, "n": n, "p_mean": pm, "observed": obs, "se": se,
+        lo, hi = (b / bins, (b + 1) / bins) if by == "width" else (float(p[sel].min()), float(p[sel].max()))
+        row = {"lo": lo, "hi": hi, "n": n, "p_mean": pm, "observed": obs, "se": se,
                "z": z_of(obs, pm, se)}
         if g is not None:
             r = np.bincount(g[sel], weights=e[sel] - p[sel])

@@ -185,6 +185,30 @@ def test_reliability_calibrated_miscalibrated_and_by_group():
     assert rel["z"].item() > 12 and rel["z_groups"].item() == pytest.approx(0.1 / (np.sqrt(40) * 50 / 4000))
 
 
+def test_reliability_equal_count_bins_are_the_sorted_forecasts_groups():
+    rng = np.random.default_rng(7)
+    p = rng.beta(0.5, 0.5, size=1003)  # crowded near 0 and 1: equal-width bins would hold very different counts
+    p[:40] = 0.5  # ties: kept in input order
+    e = rng.uniform(size=p.size) < p
+    g = rng.integers(0, 30, size=p.size)
+    rel = M.reliability(p, e, bins=10, groups=g, by="count")
+    assert rel["n"].sum() == p.size and rel["n"].max() - rel["n"].min() <= 1
+    order = np.argsort(p, kind="stable")
+    for b in range(10):  # reference: the forecast of rank r in group floor(10 r / n)
+        idx = order[(np.arange(p.size) * 10 // p.size) == b]
+        r = rel.iloc[b]
+        assert r["n"] == idx.size and r["lo"] == p[idx].min() and r["hi"] == p[idx].max()
+        assert r["p_mean"] == pytest.approx(p[idx].mean()) and r["observed"] == pytest.approx(e[idx].mean())
+        assert r["se"] == pytest.approx(np.sqrt(np.sum(p[idx] * (1 - p[idx]))) / idx.size)
+        res = np.bincount(g[idx], weights=e[idx] - p[idx])
+        assert r["se_groups"] == pytest.approx(np.sqrt(np.sum(res**2)) / idx.size)
+    assert (np.diff(rel["lo"]) >= 0).all() and (rel["hi"].to_numpy()[:-1] <= rel["lo"].to_numpy()[1:]).all()
+    width = M.reliability(p, e, bins=10)
+    assert width["n"].max() > 2 * width["n"].min()  # the two binnings differ on this forecast
+    with pytest.raises(ValueError, match="by must be"):
+        M.reliability(p, e, by="quantile")
+
+
 def test_reliability_input_errors():
     with pytest.raises(ValueError, match="lie in"):
         M.reliability([0.2, 1.2, np.nan], [0, 1, 1])
