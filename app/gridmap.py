@@ -67,12 +67,17 @@ def lookup(raster: R.RasterIndex, cell_ids, values: dict[str, np.ndarray], units
 
 def grid_map(*, image: str, bounds, view: dict, height: int, outlines: list[dict], key: str, view_key: str,
              marker=None, lookup: dict | None = None, basemap: bool = False, clickable: bool = False,
-             on_change=None, hint: str = "", labels: list[dict] | None = None):
+             on_change=None, hint: str = "", labels: list[dict] | None = None, fit: dict | None = None):
     """Draw the map; returns the last click ``{"cell", "lon", "lat", "t"}`` (None before any).
 
     ``labels``: optional numbered points ``[{"p": [lon, lat], "text": "1"}, ...]`` drawn on top.
+    ``fit``: ``{"bounds": (W, S, E, N), "pad": 0.06}`` makes the browser fit its first view (and the first after
+    ``view_key`` changes) to those bounds at the map's real width, as :func:`app.layers.view_for_bounds` does at
+    an assumed one; ``view`` is then only the fallback.
     """
     extra = {"labels": labels} if labels else {}
+    if fit is not None:
+        extra["fit"] = {"bounds": [float(v) for v in fit["bounds"]], "pad": float(fit.get("pad", 0.0))}
     return _component(
         image=image, bounds=[float(v) for v in bounds], view=view, height=int(height), outlines=outlines,
         marker=None if marker is None else [float(marker[0]), float(marker[1])], lookup=lookup, basemap=basemap,

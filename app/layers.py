@@ -58,7 +58,10 @@ class PrebuiltDeck(pdk.Deck):
         return len(self._spec.encode("utf-8"))
 
 
-def view_for_bounds(bounds, width_px: int = 720, height_px: int = MAP_HEIGHT, pad: float = 0.06) -> dict:
+VIEW_PAD = 0.06  # the margin round a region's bounds in its initial view, a share of each side's span
+
+
+def view_for_bounds(bounds, width_px: int = 720, height_px: int = MAP_HEIGHT, pad: float = VIEW_PAD) -> dict:
     """Initial view (lon, lat, zoom) fitting ``bounds = (W, S, E, N)`` into a ``width x height`` map."""
     W, S, E, N = (float(v) for v in bounds)
     lon = (W + E) / 2

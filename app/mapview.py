@@ -93,7 +93,7 @@ def draw_grid(run: cache.RunData, key: tuple[str, float], image_url: str, *, wid
         image=image_url, bounds=raster.bounds, view=view, height=height, outlines=outlines, key=widget_key,
         view_key=f"{run.run_id}:{width_px}", marker=xref,
         lookup=(lookup or cache.st_grid_lookup(*key, quarter=run.quarter)) if clickable else None,
-        basemap=basemap, clickable=clickable, on_change=on_change,
+        basemap=basemap, clickable=clickable, on_change=on_change, fit={"bounds": run.bounds, "pad": L.VIEW_PAD},
         hint=hint if hint is not None else ("Click a cell to set x_ref" if clickable else ""), labels=labels,
     )
 

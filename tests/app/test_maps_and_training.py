@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest  # noqa: F401
 
+from app import layers as L
 from tests.app.conftest import click_grid, gridmaps, open_page, wait_for_job
 
 RUN = "20240101-000000-000-dbk-rbf"
@@ -38,6 +39,11 @@ def test_map_selection_renders_the_kernel_slice_of_that_cell(app, store):
     slices = [a for k, a in maps.items() if k.startswith("slice_")]
     assert len(slices) == 1 and not slices[0]["clickable"], "one kernel-slice map beside the main map"
     assert slices[0]["marker"] == pytest.approx([lon, lat]), "its marker sits on the picked cell"
+    # both maps fit their first view, in the browser at their real width, to the region: every cell inside
+    for a in (maps[f"pick_{RUN}"], slices[0]):
+        W, S, E, N = a["fit"]["bounds"]
+        assert a["fit"]["pad"] == L.VIEW_PAD
+        assert W <= grid.lon.min() and grid.lon.max() <= E and S <= grid.lat.min() and grid.lat.max() <= N
     # the point's posterior mean and 95 % interval are the model's, back-transformed to Mbps
     model = load_model(store / RUN / "model")
     pred = model.predict(np.array([[lon, lat]]))

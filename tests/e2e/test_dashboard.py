@@ -8,12 +8,14 @@ headers, table rows, the x_ref line — never session state. Screenshots go to `
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
 import pytest
 
 from tests.e2e.helpers import (
+    GRIDMAP,
     choose,
     chosen,
     click_grid,
@@ -137,6 +139,35 @@ def test_maps_controls_change_what_is_shown(server, page):
     eventually(lambda: page.get_by_text("--model svgp").count() >= 1, what="svgp's command")
     assert chosen(page, "Active run", sidebar).startswith("svgp")
     no_exception(page)
+
+
+def test_the_first_map_view_holds_the_whole_region_at_the_maps_real_width(server, browser):
+    """The grid map fits its first view to the run's region at the width it is drawn at (a narrow window's column
+    is narrower than the width the page assumes): the zoom is view_for_bounds' at that width, and the region's
+    padded span fits inside the map."""
+    from app import layers as L
+
+    ctx = browser.new_context(viewport={"width": 1100, "height": 1000})
+    try:
+        page = ctx.new_page()
+        page.goto(server + "/maps")
+        page.get_by_role("heading", name="Maps", exact=True).wait_for(timeout=120_000)
+        settle(page)
+        wait_grid_drawn(page)
+        frame = page.frame_locator(GRIDMAP).first
+        v = json.loads(frame.locator("body").get_attribute("data-view"))
+        box = page.locator(GRIDMAP).first.bounding_box()
+        assert v["fitted"] and abs(v["width"] - box["width"]) <= 2, (v, box)
+        assert v["width"] < 560, ("a column narrower than the page's assumed width", v)
+        ref = L.view_for_bounds(v["bounds"], width_px=v["width"], height_px=v["height"], pad=v["pad"])
+        assert abs(v["zoom"] - ref["zoom"]) <= 0.011, (v, ref)
+        W, S, E, N = v["bounds"]
+        span_px = 512 * 2 ** v["zoom"] * (E - W) / 360
+        assert span_px <= v["width"], ("the region's west-east span fits", span_px, v)
+        assert span_px >= 0.8 * v["width"], ("and fills the map", span_px, v)
+        screenshot(page, "maps-narrow-window.png")
+    finally:
+        ctx.close()
 
 
 def test_every_model_form_renders_and_svgp_trains_from_the_page(server, page):

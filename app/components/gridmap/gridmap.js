@@ -210,6 +210,22 @@
     return layers;
   }
 
+  // The initial view fitting a.fit.bounds (W, S, E, N) into the map as it is drawn: the same formula as
+  // app/layers.py view_for_bounds, with the iframe's real width instead of the width the page assumed (a
+  // narrower column would otherwise crop the region's ends). a.view when there is no fit or no width yet.
+  function initialView(a, height) {
+    var f = a.fit, w = mapEl.clientWidth;
+    if (!f || !f.bounds || !(w > 0)) return Object.assign({}, a.view, { fitted: false });
+    var W = f.bounds[0], S = f.bounds[1], E = f.bounds[2], N = f.bounds[3], pad = f.pad || 0;
+    var y = function (la) { return Math.log(Math.tan(Math.PI / 4 + (Math.max(Math.min(la, 85), -85) * Math.PI / 180) / 2)); };
+    var lat = (2 * Math.atan(Math.exp((y(S) + y(N)) / 2)) - Math.PI / 2) * 180 / Math.PI;
+    var zx = Math.log2((360 * w) / (512 * Math.max(E - W, 1e-6) * (1 + 2 * pad)));
+    var zy = Math.log2((2 * Math.PI * height) / (512 * Math.max(y(N) - y(S), 1e-8) * (1 + 2 * pad)));
+    var zoom = Math.max(0, Math.min(zx, zy, 16));
+    return { longitude: (W + E) / 2, latitude: lat, zoom: Math.round(zoom * 100) / 100, pitch: 0, bearing: 0,
+             fitted: true };
+  }
+
   function render(a) {
     args = a;
     var height = a.height || 460;
@@ -222,9 +238,11 @@
     hintEl.style.display = a.hint ? "block" : "none";
     loadLookup(a.lookup);
     var layers = buildLayers(a);
+    var view = null;
     if (!deckgl) {
+      view = initialView(a, height);
       deckgl = new deck.Deck({
-        parent: mapEl, width: "100%", height: height, initialViewState: a.view, controller: true,
+        parent: mapEl, width: "100%", height: height, initialViewState: view, controller: true,
         layers: layers, onHover: onHover, onClick: onClick,
         getCursor: function (s) { return s.isDragging ? "grabbing" : a.clickable ? "crosshair" : "grab"; },
       });
@@ -232,10 +250,15 @@
     } else {
       var props = { layers: layers, height: height };
       if (a.view_key !== viewKey) {
-        props.initialViewState = Object.assign({}, a.view);
+        props.initialViewState = view = initialView(a, height);
         viewKey = a.view_key;
       }
       deckgl.setProps(props);
+    }
+    if (view) {  // what the first view was: tests read it
+      document.body.setAttribute("data-view", JSON.stringify({
+        zoom: view.zoom, fitted: view.fitted, width: mapEl.clientWidth, height: height,
+        bounds: a.fit ? a.fit.bounds : null, pad: a.fit ? a.fit.pad : null }));
     }
     document.body.setAttribute("data-rendered", String(Date.now()));
   }
