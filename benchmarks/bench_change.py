@@ -293,6 +293,9 @@ def reliability_table(cells: pd.DataFrame, by: str = "width") -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+POOL_COLUMNS = ("model", "posterior", "pair", "lo", "hi", "n", "observed", "p_mean", "se", "se_groups")
+
+
 def pool_reliability(tables) -> pd.DataFrame:
     """The reliability of several runs' cells together, from their ``.reliability.csv`` tables (runs on disjoint
     seeds): per (model, posterior, change, bin) the counts, forecast sums and both variances add, as they would over
@@ -420,16 +423,29 @@ def main(argv=None) -> int:
                     help="skip the dense exact GP at each model's fitted hyperparameters (O(n^3) per world)")
     ap.add_argument("--pool", nargs="+", metavar="CSV",
                     help="pool the .reliability.csv files of earlier runs on disjoint seeds into one table, and stop")
+    ap.add_argument("--pool-as", metavar="NAME",
+                    help="with --pool: pool every fitted model's rows under NAME (e.g. runs of vecchia and of dbk-nn "
+                         "whose feature check dropped the features); the truth's rows stay apart")
     add_race_args(ap, smoke="one tiny world, tiny models")
     args = ap.parse_args(argv)
     if args.pool:
-        try:
-            tables = [pd.read_csv(f) for f in args.pool]
-        except (OSError, ValueError) as e:
-            print(f"error: --pool: {e}", file=sys.stderr)
-            return 2
+        tables = []
+        for f in args.pool:
+            try:
+                t = pd.read_csv(f)
+            except (OSError, ValueError) as e:
+                print(f"error: --pool: {e}", file=sys.stderr)
+                return 2
+            if missing := sorted(set(POOL_COLUMNS) - set(t.columns)):
+                print(f"error: --pool {f}: no column {', '.join(missing)}; pool the .reliability.csv tables that "
+                      f"bench_change.py --out writes", file=sys.stderr)
+                return 2
+            tables.append(t)
+        if args.pool_as:
+            tables = [t.assign(model=t["model"].where(t["model"] == "truth", args.pool_as)) for t in tables]
         pooled = pool_reliability(tables)
-        header = (f"Change calibration pooled over {len(tables)} runs ({', '.join(args.pool)}): bins within two "
+        header = (f"Change calibration pooled over {len(tables)} runs ({', '.join(args.pool)})"
+                  f"{f', every model as {args.pool_as!r}' if args.pool_as else ''}: bins within two "
                   f"binomial SEs (in brackets by seed), the largest |z| and its bin, the χ² test over the bins.")
         report(header, pooled_markdown(pooled), pooled, args.out)
         return 0
