@@ -251,10 +251,16 @@ def summary(data: cache.LoadedData) -> None:
         st.code(rep.to_text() if rep is not None else "(no report)", language=None)
 
 
+#: the width (px) the measurement map's first view fits the region into: its column is about 530 px wide in a 1,400 px
+#: window, and pydeck's view cannot follow the width it is drawn at (the grid maps' component does)
+MAP_WIDTH_PX = 480
+
+
 def measurement_map(data: cache.LoadedData) -> None:
     scale, title = mapview.measurement_scale(data, "viridis")
     region_json, bounds = cache.st_region_outline(data.state, data.data_hash, _frame=data.frame)
-    deck = mapview.points_deck(data, scale, mapview.outline_layers(region_json, None), bounds=bounds, width_px=620)
+    deck = mapview.points_deck(data, scale, mapview.outline_layers(region_json, None), bounds=bounds,
+                                width_px=MAP_WIDTH_PX)
     st.pydeck_chart(deck, height=deck.map_height, key="data_map")
     st.html(legend_html(scale, title))
     note = cache.map_sample_note(data.n)

@@ -222,6 +222,12 @@ def test_uploads_show_their_problems_and_the_fix_is_on_the_page(server, page):
     page.goto(server)  # Data is the default page: its URL is the root
     page.get_by_role("heading", name="Data", exact=True).wait_for(timeout=120_000)
     settle(page)
+    # the measurement map is at least as wide as the width its first view fits the region into
+    from app.app_pages.data import MAP_WIDTH_PX
+
+    deck = page.get_by_test_id("stDeckGlJsonChart").first
+    deck.wait_for(timeout=60_000)
+    assert deck.bounding_box()["width"] >= MAP_WIDTH_PX, (deck.bounding_box(), MAP_WIDTH_PX)
     radio(page, "Source", "Upload a file")
 
     # unrecognised coordinate names: the message names the selectors, which stay on the page
