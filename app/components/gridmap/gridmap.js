@@ -213,17 +213,17 @@
   // The initial view fitting a.fit.bounds (W, S, E, N) into the map as it is drawn: the same formula as
   // app/layers.py view_for_bounds, with the iframe's real width instead of the width the page assumed (a
   // narrower column would otherwise crop the region's ends). a.view when there is no fit or no width yet.
+  function fits(a) { return !!(a.fit && a.fit.bounds && mapEl.clientWidth > 0); }
   function initialView(a, height) {
     var f = a.fit, w = mapEl.clientWidth;
-    if (!f || !f.bounds || !(w > 0)) return Object.assign({}, a.view, { fitted: false });
+    if (!fits(a)) return Object.assign({}, a.view);
     var W = f.bounds[0], S = f.bounds[1], E = f.bounds[2], N = f.bounds[3], pad = f.pad || 0;
     var y = function (la) { return Math.log(Math.tan(Math.PI / 4 + (Math.max(Math.min(la, 85), -85) * Math.PI / 180) / 2)); };
     var lat = (2 * Math.atan(Math.exp((y(S) + y(N)) / 2)) - Math.PI / 2) * 180 / Math.PI;
     var zx = Math.log2((360 * w) / (512 * Math.max(E - W, 1e-6) * (1 + 2 * pad)));
     var zy = Math.log2((2 * Math.PI * height) / (512 * Math.max(y(N) - y(S), 1e-8) * (1 + 2 * pad)));
     var zoom = Math.max(0, Math.min(zx, zy, 16));
-    return { longitude: (W + E) / 2, latitude: lat, zoom: Math.round(zoom * 100) / 100, pitch: 0, bearing: 0,
-             fitted: true };
+    return { longitude: (W + E) / 2, latitude: lat, zoom: Math.round(zoom * 100) / 100, pitch: 0, bearing: 0 };
   }
 
   function render(a) {
@@ -257,7 +257,7 @@
     }
     if (view) {  // what the first view was: tests read it
       document.body.setAttribute("data-view", JSON.stringify({
-        zoom: view.zoom, fitted: view.fitted, width: mapEl.clientWidth, height: height,
+        zoom: view.zoom, fitted: fits(a), width: mapEl.clientWidth, height: height,
         bounds: a.fit ? a.fit.bounds : null, pad: a.fit ? a.fit.pad : null }));
     }
     document.body.setAttribute("data-rendered", String(Date.now()));
