@@ -253,26 +253,27 @@ def summary(cells: pd.DataFrame) -> pd.DataFrame:
             else:
                 p = p_increase(c["mean"].to_numpy(), var)
                 inside = np.abs(c["true"] - c["mean"]) <= M.Z95 * np.sqrt(var)
-            rel = M.reliability(p, up, BINS, groups=c["seed"])
+            row.update(bin_stats(M.reliability(p, up, BINS, groups=c["seed"]), kind))
             if kind == "joint":  # the other reading of "deciles": ten equal-count groups of P (Hosmer-Lemeshow)
-                deciles = M.reliability(p, up, BINS, groups=c["seed"], by="count")
-                row.update({"deciles_ok": int((deciles["z"].abs() <= 2).sum()), "deciles": len(deciles),
-                            "deciles_ok_seeds": int((deciles["z_groups"].abs() <= 2).sum()),
-                            "deciles_max_abs_z": float(deciles["z"].abs().max()),
-                            "deciles_chi2_p": chi2_p(deciles["z"]),
-                            "deciles_chi2_p_seeds": chi2_p(deciles["z_groups"])})
+                row.update(bin_stats(M.reliability(p, up, BINS, groups=c["seed"], by="count"), "deciles"))
             # the coverage as a one-bin reliability of the constant forecast 0.95: binomial and by-seed SEs
             cov = M.reliability(np.full(len(c), 0.95), inside, bins=1, groups=c["seed"]).iloc[0]
-            row.update({f"chi2_p_{kind}": chi2_p(rel["z"]), f"chi2_p_seeds_{kind}": chi2_p(rel["z_groups"]),
-                        f"bins_ok_{kind}": int((rel["z"].abs() <= 2).sum()), f"bins_{kind}": len(rel),
-                        f"bins_ok_seeds_{kind}": int((rel["z_groups"].abs() <= 2).sum()),
-                        f"max_abs_z_{kind}": float(rel["z"].abs().max()), f"coverage_{kind}": cov["observed"],
+            row.update({f"coverage_{kind}": cov["observed"],
                         f"coverage_z_{kind}": cov["z"], f"coverage_2se_seeds_{kind}": 2 * cov["se_groups"],
                         f"coverage_z_seeds_{kind}": cov["z_groups"],
                         f"brier_{kind}": float(np.mean((p - up) ** 2)), f"sd_{kind}": float(np.sqrt(var).mean())})
         row["coverage_2se"] = 2 * M.coverage_se(len(c))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def bin_stats(rel: pd.DataFrame, kind: str) -> dict:
+    """A reliability table's verdicts, keyed ``..._{kind}``: bins within 2 SE (binomial; by seed), bins, the largest
+    binomial ``|z|`` and the χ² test over the bins (binomial; by seed)."""
+    return {f"bins_ok_{kind}": int((rel["z"].abs() <= 2).sum()), f"bins_{kind}": len(rel),
+            f"bins_ok_seeds_{kind}": int((rel["z_groups"].abs() <= 2).sum()),
+            f"max_abs_z_{kind}": float(rel["z"].abs().max()), f"chi2_p_{kind}": chi2_p(rel["z"]),
+            f"chi2_p_seeds_{kind}": chi2_p(rel["z_groups"])}
 
 
 def chi2_p(z: pd.Series) -> float:
@@ -315,10 +316,10 @@ def pooled_markdown(pooled: pd.DataFrame) -> str:
     lines = ["| model | posterior | change | cells | bins within 2 SE (by seed) | max abs z (bin) | χ² p (by seed) |",
              "|---|---|---|---|---|---|---|"]
     for (model, post, pair), h in pooled.groupby(["model", "posterior", "pair"], sort=False):
-        worst = h.loc[h["z"].abs().idxmax()]
-        lines.append(f"| {model} | {post} | {pair} | {int(h['n'].sum())} | {int((h['z'].abs() <= 2).sum())}/{len(h)} "
-                     f"({int((h['z_groups'].abs() <= 2).sum())}) | {abs(worst['z']):.2f} (P {worst['lo']:.1f}-"
-                     f"{worst['hi']:.1f}) | {chi2_p(h['z']):.3f} ({chi2_p(h['z_groups']):.3f}) |")
+        worst, b = h.loc[h["z"].abs().idxmax()], bin_stats(h, "pooled")
+        lines.append(f"| {model} | {post} | {pair} | {int(h['n'].sum())} | {b['bins_ok_pooled']}/{b['bins_pooled']} "
+                     f"({b['bins_ok_seeds_pooled']}) | {b['max_abs_z_pooled']:.2f} (P {worst['lo']:.1f}-"
+                     f"{worst['hi']:.1f}) | {b['chi2_p_pooled']:.3f} ({b['chi2_p_seeds_pooled']:.3f}) |")
     return "\n".join(lines)
 
 
@@ -365,8 +366,9 @@ def markdown(s: pd.DataFrame, rel: pd.DataFrame, dec: pd.DataFrame, hyp: pd.Data
         d = dec[(dec["model"] == r.model) & (dec["posterior"] == r.posterior) & (dec["pair"] == r.pair)]
         each = "; ".join(f"{b.lo:.2f}-{b.hi:.2f}: {b.observed:.3f} / {b.p_mean:.3f} ({b.z:+.2f}{_mark(b.z)})"
                          for b in d.itertuples(index=False))
-        lines.append(f"| {r.model} | {r.posterior} | {r.pair} | {r.deciles_ok}/{r.deciles} ({r.deciles_ok_seeds}) | "
-                     f"{r.deciles_max_abs_z:.2f} | {r.deciles_chi2_p:.3f} ({r.deciles_chi2_p_seeds:.3f}) | {each} |")
+        lines.append(f"| {r.model} | {r.posterior} | {r.pair} | {r.bins_ok_deciles}/{r.bins_deciles} "
+                     f"({r.bins_ok_seeds_deciles}) | {r.max_abs_z_deciles:.2f} | {r.chi2_p_deciles:.3f} "
+                     f"({r.chi2_p_seeds_deciles:.3f}) | {each} |")
     if len(hyp):
         t = truth
         lines += ["", "### Learned hyperparameters (median over seeds; the truth in the first row)", "",
