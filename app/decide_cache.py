@@ -98,7 +98,7 @@ def st_suggest(path: str, stamp: float, k: int, target: str, threshold: float, u
 
 
 @st.cache_data(show_spinner="Computing the change between the quarters (joint posterior, over the hyperparameters' "
-                             "posterior: a run's first change takes about 2.5 minutes at 100,000 rows on a 2-core "
+                             "posterior: a run's first change takes two to three minutes at 100,000 rows on a 2-core "
                              "CPU, later ones seconds) ...",
                max_entries=16)
 def st_change(path: str, stamp: float, t_from: str, t_to: str, level: float = 0.95) -> pd.DataFrame:
