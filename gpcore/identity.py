@@ -2,6 +2,9 @@
 
 Two runs are "on the same data set" when they read the same file content with the same columns,
 period, transform, weight, time and strata — never when floating-point results happen to agree.
+A period counts by the quarters it selects, not by how it is written
+(:func:`gpcore.data.temporal.canonical_period`): on the bundled Puerto Rico file ``--quarter
+2019Q1:2023Q4`` and the Data page's "all" are one data set, and so are ``2023`` and ``2023Q1:2023Q4``.
 Hashing transformed floats (``log10`` of the target) gave a different identity on another CPU for
 the same file, so a bundled run looked like "other data" on a fresh machine.
 
@@ -20,6 +23,10 @@ from pathlib import Path
 
 #: Fields of :class:`gpcore.run.config.RunConfig` that define the data set (not the model or the split).
 SPEC_FIELDS = ("x", "y", "transform", "quarter", "weight", "time", "strata", "allow_drop")
+
+#: What a run's ``data.hash`` was computed from; a run whose manifest says anything else (written by older
+#: code: transformed floats, or periods as written) gets its identity recomputed from its configuration.
+HASH_OF = "file content + data spec, periods by their quarters"
 
 
 @lru_cache(maxsize=256)
@@ -65,11 +72,7 @@ def dataset_identity(config: dict) -> str | None:
         return None
     spec = {k: config.get(k) for k in SPEC_FIELDS}
     spec["x"] = list(spec["x"]) if spec.get("x") else None
-    if data.startswith("sample:") and not spec.get("quarter"):
-        from gpcore.data import SAMPLES
-
-        info = SAMPLES.get(data.split(":", 1)[1])
-        spec["quarter"] = getattr(info, "default_quarter", None)
+    _canonical_time(data, spec)
     strata = spec.get("strata")
     if isinstance(strata, str) and strata.startswith("polygons:"):
         layer = file_digest(_source_file(strata[len("polygons:"):]))
@@ -78,3 +81,38 @@ def dataset_identity(config: dict) -> str | None:
         spec["strata"] = "polygons:" + layer
     text = json.dumps({"content": content, **spec}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _canonical_time(data: str, spec: dict) -> None:
+    """Write ``spec``'s time column and period in their one canonical form: the column the reader finds when none
+    is named, and the quarters the period selects (within a bundled sample's quarters, which every row has)."""
+    from gpcore.data import SAMPLES
+    from gpcore.data.temporal import canonical_period
+    from gpcore.errors import DataError
+
+    info = SAMPLES.get(data.split(":", 1)[1]) if data.startswith("sample:") else None
+    quarter = spec.get("quarter")
+    if info is not None and not quarter:
+        quarter = info.default_quarter
+    if spec.get("time") is None:
+        spec["time"] = _detected_time(_source_file(data))
+    try:
+        spec["quarter"] = canonical_period(quarter, known=info.quarters if info is not None else None)
+    except DataError:  # a period no reader accepts identifies nothing it could read; keep it as written
+        spec["quarter"] = quarter
+
+
+def _detected_time(path: Path) -> str | None:
+    st = path.stat()
+    return _detected_time_cached(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _detected_time_cached(path: str, size: int, mtime_ns: int) -> str | None:
+    from gpcore.data.readers import detected_time_column
+    from gpcore.errors import DataError
+
+    try:
+        return detected_time_column(path)
+    except DataError:  # the reader refuses the file; its runs fail there, and no column is found here
+        return None

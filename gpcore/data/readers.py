@@ -280,13 +280,33 @@ def _time_column(df: pd.DataFrame, ctx: ReadContext, time, quarter) -> tuple[str
                 f"{values_text(df[time].head(5).tolist())}); write quarters like '2023Q1' or dates like '2023-02-17'"
             )
         return time, vals
+    auto, vals = _auto_time(df)
+    if auto is not None and vals is None:
+        ctx.report.notes.append(f"column '{auto}' is not used as time (its values are not dates or quarters)")
+    if vals is None:
+        return None, np.full(len(df), np.nan)
+    return auto, vals
+
+
+def _auto_time(df: pd.DataFrame) -> tuple[str | None, np.ndarray | None]:
+    """The column named like a time column (:func:`temporal.find_time_column`) and its decimal years; the years
+    are None when no column is so named or fewer than 90 % of its values are times (it is then not used)."""
     auto = temporal.find_time_column(
         [c for c in df.columns if not (isinstance(df, gpd.GeoDataFrame) and c == df.geometry.name)]
     )
     if auto is None:
-        return None, np.full(len(df), np.nan)
+        return None, None
     vals = temporal.decimal_year(df[auto])
-    if np.mean(np.isfinite(vals)) < 0.9:
-        ctx.report.notes.append(f"column '{auto}' is not used as time (its values are not dates or quarters)")
-        return None, np.full(len(df), np.nan)
-    return auto, vals
+    return (auto, vals) if np.mean(np.isfinite(vals)) >= 0.9 else (auto, None)
+
+
+def detected_time_column(source) -> str | None:
+    """The time column :func:`read_measurements` uses for ``source`` when none is named (None when none is).
+
+    Reads the file as :func:`read_measurements` does with its defaults; raises :class:`DataError` as it would.
+    """
+    src = open_source(source, None, DEFAULT_MAX_BYTES)
+    df, _, _ = read_frame(src, ReadReport(file=src.name), layer=None, sep=None, decimal=".")
+    df.columns = [str(c) for c in df.columns] if not isinstance(df, gpd.GeoDataFrame) else df.columns
+    auto, vals = _auto_time(df)
+    return auto if vals is not None else None

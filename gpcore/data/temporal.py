@@ -150,34 +150,88 @@ def _parse_period(token: str) -> tuple[int, int]:
     )
 
 
+def _selects_all(spec) -> bool:
+    if spec is None:
+        return True
+    tokens = spec.split(",") if isinstance(spec, str) else [str(t) for t in spec]
+    return all(not t.strip() for t in tokens) or any(t.strip().lower() == "all" for t in tokens)
+
+
+def period_ranges(spec) -> list[tuple[int, int]]:
+    """The quarters a period spec selects, as sorted, disjoint, non-adjacent inclusive ranges of quarter indices
+    (``year * 4 + quarter - 1``); ``[]`` for ``None`` / ``"all"``, which select everything.
+
+    Overlapping or touching parts merge, so every spelling of one selection gives one answer:
+
+    >>> period_ranges("2023") == period_ranges("2023Q1:2023Q2, 2023Q3:2023Q4") == [(8092, 8095)]
+    True
+    """
+    if _selects_all(spec):
+        return []
+    tokens = [t.strip() for t in spec.split(",")] if isinstance(spec, str) else [str(t).strip() for t in spec]
+    parts = []
+    for token in tokens:
+        if not token:
+            continue
+        if ":" in token:
+            a, b = token.split(":", 1)
+            parts.append((_parse_period(a)[0], _parse_period(b)[1]))
+        else:
+            parts.append(_parse_period(token))
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(parts):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        elif lo <= hi:
+            merged.append((lo, hi))
+    return merged
+
+
+def canonical_period(spec, known=None) -> str:
+    """The one spelling of the selection ``spec`` makes: ``"all"`` or merged ranges like ``"2019Q1:2020Q4,2023Q1"``.
+
+    With ``known`` (every quarter the data holds, when each of its rows has one), the selection is taken within
+    them, so a range that covers all of them is ``"all"`` as well. Data-set identities use it
+    (:mod:`gpcore.identity`): ``--quarter 2019Q1:2023Q4`` and the Data page's "all" are one data set.
+
+    >>> canonical_period("2023Q4, 2023Q1:2023Q3")
+    '2023Q1:2023Q4'
+    >>> canonical_period("2019Q1:2030Q4", known=["2019Q1", "2019Q2"])
+    'all'
+    >>> canonical_period("2019", known=["2019Q1", "2019Q2", "2020Q1"])
+    '2019Q1:2019Q2'
+    """
+    ranges = period_ranges(spec)
+    if not ranges:
+        return "all"
+    if known is not None:
+        have = sorted({_parse_period(str(k))[0] for k in known})  # integers: no rounding decides
+        chosen = [i for i in have if any(lo <= i <= hi for lo, hi in ranges)]
+        if chosen == have:
+            return "all"
+        ranges = period_ranges([quarter_label(i) for i in chosen]) if chosen else ranges
+    return ",".join(quarter_label(lo) if lo == hi else f"{quarter_label(lo)}:{quarter_label(hi)}" for lo, hi in ranges)
+
+
 def select_time(values, spec) -> np.ndarray:
     """Boolean mask (shape (n,)) of the values that fall in the period ``spec``.
 
     ``spec`` is ``None``/``"all"`` (everything), ``"2023"``, ``"2023Q1"``, ``"2021Q3:2022Q2"`` (inclusive),
-    a comma-separated string of these, or a list of them. Dates match the calendar quarter they fall in;
-    a bare year value matches only periods that cover its whole year. Values that are not times never match.
+    a comma-separated string of these, or a list of them; the parts are merged first
+    (:func:`period_ranges`). Dates match the calendar quarter they fall in; a bare year value matches only
+    when the selection covers its whole year. Values that are not times never match.
     """
     p = parse_time(values)
     n = len(p)
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "all")):
+    if _selects_all(spec):
         return np.ones(n, dtype=bool)
-    tokens = [t.strip() for t in spec.split(",")] if isinstance(spec, str) else [str(t).strip() for t in spec]
     year = p["year"].to_numpy(dtype=float, na_value=np.nan)
     quarter = p["quarter"].to_numpy(dtype=float, na_value=np.nan)
     has_q = np.isfinite(quarter)
     lo_i = np.where(has_q, year * 4 + quarter - 1, year * 4)
     hi_i = np.where(has_q, lo_i, year * 4 + 3)
     mask = np.zeros(n, dtype=bool)
-    for token in tokens:
-        if not token:
-            continue
-        if token.lower() == "all":
-            return np.ones(n, dtype=bool)
-        if ":" in token:
-            a, b = token.split(":", 1)
-            lo, hi = _parse_period(a)[0], _parse_period(b)[1]
-        else:
-            lo, hi = _parse_period(token)
+    for lo, hi in period_ranges(spec):
         with np.errstate(invalid="ignore"):
             mask |= (lo_i >= lo) & (hi_i <= hi)
     return mask

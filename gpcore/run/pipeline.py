@@ -29,7 +29,7 @@ import pandas as pd
 from gpcore import metrics as M
 from gpcore.device import describe_device
 from gpcore.errors import ConfigError, DataError, TrainingError
-from gpcore.identity import dataset_identity
+from gpcore.identity import HASH_OF, dataset_identity
 from gpcore.run import grid_joint, rundir
 from gpcore.run.config import RunConfig
 from gpcore.run.predict import grid_predictions, input_columns, quarter_grid_predictions, run_inputs, time_summary
@@ -458,7 +458,7 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
         "data": {
             "source": prep.source_label,
             "hash": prep.data_hash,
-            "hash_of": "file content + data spec",  # gpcore.identity; older runs hashed floats
+            "hash_of": HASH_OF,
             "rows": int(len(prep.y)),
             "n_train": int(len(prep.train_idx)),
             "n_val": int(len(prep.val_idx)),

@@ -54,13 +54,14 @@ class RunInfo:
     def data_hash(self) -> str:
         """The identity of the run's data set (:func:`gpcore.identity.dataset_identity`).
 
-        Runs written before identities were content hashes stored a hash of transformed floats; for
-        those (no ``hash_of`` note) it is recomputed from the run's configuration when its file exists.
+        Runs written by older code (a hash of transformed floats, or of periods as written: a ``hash_of`` note
+        other than :data:`gpcore.identity.HASH_OF`) get it recomputed from their configuration when their file
+        exists.
         """
-        data = self.manifest.get("data", {}) if isinstance(self.manifest, dict) else {}
-        if data.get("hash_of") is None and isinstance(self.manifest.get("config"), dict):
-            from gpcore.identity import dataset_identity
+        from gpcore.identity import HASH_OF, dataset_identity
 
+        data = self.manifest.get("data", {}) if isinstance(self.manifest, dict) else {}
+        if data.get("hash_of") != HASH_OF and isinstance(self.manifest.get("config"), dict):
             ident = dataset_identity(self.manifest["config"])
             if ident:
                 return ident

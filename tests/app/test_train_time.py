@@ -175,3 +175,33 @@ def test_period_all_of_the_bundled_sample_reads_its_twenty_quarters(empty_store)
     assert (len(first), first[0], first[-1]) == (20, "2019Q1", "2023Q4")
     assert any("One model over 2019Q1–2023Q4 (142,803 rows)" in c.value for c in at.caption), \
         [c.value for c in at.caption]
+
+
+def test_a_cli_run_over_every_quarter_is_on_the_data_page_s_period_all(store):
+    """The README's space-time run (``--quarter 2019Q1:2023Q4``, ``--time quarter``) reads the rows Period "all" reads:
+    the sidebar counts it on that data set and does not label it "[other data]" (it did before periods were
+    identified by their quarters)."""
+    import json
+    import shutil
+
+    from gpcore.identity import HASH_OF, dataset_identity
+
+    cli_run = store / "20240103-000000-000-vecchia-st"
+    shutil.copytree(store / "20240101-000000-000-dbk-rbf", cli_run)  # a tiny run's files; the manifest is the subject
+    manifest = json.loads((cli_run / "run.json").read_text())
+    manifest["config"].update(quarter="2019Q1:2023Q4", time="quarter", label="cli space-time")
+    manifest["label"] = "cli space-time"
+    manifest["data"].update(hash=dataset_identity(manifest["config"]), hash_of=HASH_OF)  # as execute_run writes it
+    (cli_run / "run.json").write_text(json.dumps(manifest))
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.selectbox(key="w_quarter_sample:puerto_rico").select("all").run()
+    at.button(key="w_load_data").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    sidebar = "\n".join(m.value for m in at.sidebar.markdown)
+    assert "1 on this data set" in sidebar, sidebar
+    titles = {o for o in at.sidebar.selectbox[0].options}
+    mine = [t for t in titles if t.startswith("dbk-rbf") and "[other data]" not in t]
+    assert len(mine) == 1, titles  # the crafted run (its model is still dbk-rbf): on this data set
+    assert sum("[other data]" in t for t in titles) == len(titles) - 1, "the 2023 runs are on another data set"

@@ -77,3 +77,40 @@ def test_a_run_matches_its_data_set_when_floats_differ_by_one_ulp(tmp_path, monk
 @pytest.mark.parametrize("bad", [{"data": "sample:nope"}, {"data": ""}, {}])
 def test_unidentifiable_configs_give_none(bad):
     assert dataset_identity(bad) is None
+
+
+def test_a_period_is_identified_by_the_quarters_it_selects():
+    """One selection of quarters, however written, is one data set; the Data page's "all" on the bundled Puerto Rico
+    file is the README's ``--quarter 2019Q1:2023Q4`` (every row of the sample has one of its 20 quarters)."""
+    every = ident(quarter="all")
+    assert ident(quarter="2019Q1:2023Q4") == every
+    assert ident(quarter="2019:2023") == ident(quarter="2018Q3:2031Q1") == every
+    assert ident(quarter="2023") == ident(quarter="2023Q1:2023Q4") == ident(quarter="2023Q4, 2023Q1:2023Q3") == ident()
+    assert ident(quarter="2019Q2:2023Q4") != every, "a quarter less is another data set"
+    assert ident(quarter="2022") != ident(quarter="2023")
+
+
+def test_the_time_column_is_the_one_the_reader_finds(tmp_path):
+    """``--time quarter`` (the issue's command) and the Data page's "auto" read the same column of the sample."""
+    assert ident(time="quarter") == ident()
+    csv = tmp_path / "t.csv"
+    rows = ["lon,lat,download_mbps,quarter,date"]
+    rows += [f"{-66 - i / 100},{18 + i / 100},{10 + i},2023Q{1 + i % 4},2022-0{1 + i % 9}-15" for i in range(40)]
+    csv.write_text("\n".join(rows) + "\n")
+    f = dict(data=str(csv), strata=None, quarter=None)
+    assert ident(**f) == ident(**f, time="quarter") != ident(**f, time="date")
+    csv.write_text("\n".join(r.replace(",2023Q", ",Z") for r in rows) + "\n")
+    assert ident(**f) == ident(**f, time=None) != ident(**f, time="quarter"), "a quarter column of no times is unused"
+    # for a user file the quarters are not known in advance: "all" keeps rows without a time, a range does not
+    assert ident(**{**f, "quarter": "all"}) == ident(**f) != ident(**{**f, "quarter": "2019Q1:2023Q4"})
+
+
+def test_a_run_written_by_older_identity_code_is_matched_by_its_configuration(tmp_path):
+    from gpcore.identity import HASH_OF
+    from gpcore.run.store import RunInfo
+
+    cfg = RunConfig(**{**BASE, "quarter": "2019Q1:2023Q4"}).to_dict()
+    older = {"config": cfg, "data": {"hash": "0123456789abcdef", "hash_of": "file content + data spec"}}
+    assert RunInfo("older", tmp_path, older, False).data_hash == ident(quarter="all")
+    current = {"config": cfg, "data": {"hash": "0123456789abcdef", "hash_of": HASH_OF}}
+    assert RunInfo("current", tmp_path, current, False).data_hash == "0123456789abcdef", "the stored hash is used"

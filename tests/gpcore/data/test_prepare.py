@@ -150,6 +150,23 @@ def test_select_time_specs():
     with pytest.raises(DataError, match="not understood"):
         temporal.select_time(q, "yesterday")
     assert temporal.find_time_column(["lon", "Quarter", "date"]) == "Quarter"
+
+
+def test_a_period_selects_the_same_rows_however_it_is_written():
+    """The parts of a period merge before rows are matched, so a bare year is kept when its four quarters are named in
+    two halves, as when the year is named; the canonical spelling selects what the spec selects."""
+    values = [2022, 2023, "2023Q2", "2023-11-02", "2024Q1", 2024]
+    specs = ["2023", "2023Q1:2023Q2, 2023Q3:2023Q4", ["2023Q3", "2023Q1:2023Q2", "2023Q4"], "2023Q1:2023Q4"]
+    for spec in specs:
+        assert temporal.select_time(values, spec).tolist() == [False, True, True, True, False, False], spec
+        assert temporal.canonical_period(spec) == "2023Q1:2023Q4"
+    for spec in ["2022Q4:2023Q1, 2023Q3", "2024Q1, 2022", "2023Q2:2023Q3,2023Q3:2024Q1"]:
+        canon = temporal.canonical_period(spec)
+        assert temporal.select_time(values, canon).tolist() == temporal.select_time(values, spec).tolist(), spec
+    assert temporal.canonical_period("2022Q4:2023Q1, 2023Q3") == "2022Q4:2023Q1,2023Q3"
+    assert temporal.canonical_period(None) == temporal.canonical_period(" ALL ") == "all"
+    assert temporal.canonical_period("2023Q2", known=["2023Q1", "2023Q2"]) == "2023Q2"
+    assert temporal.canonical_period("2019:2030", known=["2023Q1", "2023Q2"]) == "all"
     assert temporal.find_time_column(["lon", "lat"]) is None
 
 
