@@ -205,3 +205,29 @@ def test_a_cli_run_over_every_quarter_is_on_the_data_page_s_period_all(store):
     mine = [t for t in titles if t.startswith("dbk-rbf") and "[other data]" not in t]
     assert len(mine) == 1, titles  # the crafted run (its model is still dbk-rbf): on this data set
     assert sum("[other data]" in t for t in titles) == len(titles) - 1, "the 2023 runs are on another data set"
+
+
+def test_the_readme_s_space_time_command_reads_the_data_page_s_puerto_rico_all():
+    """The README's headless space-time fit, parsed as ``python -m gpcore`` parses it, is on the data set the Data page's
+    Puerto Rico with Period "all" (and its other defaults) loads; its 2023 fit is on the default data set."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from app.state import DatasetSpec
+    from gpcore.cli import _run_config, build_parser
+    from gpcore.identity import dataset_identity
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().replace("\\\n", " ")
+    fits = {m.group(1).split()[-1]: m.group(1) for m in re.finditer(r"python -m gpcore (fit [^#\n]+)", readme)}
+    assert {"runs/pr", "runs/pr-st"} <= set(fits), fits
+
+    def cli_identity(command: str) -> str:
+        args = build_parser().parse_args(shlex.split(command))
+        return dataset_identity(_run_config(args, "vecchia", {}).to_dict())
+
+    def page_identity(**spec) -> str:
+        return dataset_identity(DatasetSpec(**spec).run_config(model="vecchia").to_dict())
+
+    assert cli_identity(fits["runs/pr-st"]) == page_identity(quarter="all") != page_identity()
+    assert cli_identity(fits["runs/pr"]) == page_identity()
