@@ -208,8 +208,8 @@ def test_a_cli_run_over_every_quarter_is_on_the_data_page_s_period_all(store):
 
 
 def test_the_readme_s_space_time_command_reads_the_data_page_s_puerto_rico_all():
-    """The README's headless space-time fit, parsed as ``python -m gpcore`` parses it, is on the data set the Data page's
-    Puerto Rico with Period "all" (and its other defaults) loads; its 2023 fit is on the default data set."""
+    """The README's headless space-time fit, parsed as ``python -m gpcore`` parses it, is on the data set the Data
+    page's Puerto Rico with Period "all" (and its other defaults) loads; its 2023 fit is on the default data set."""
     import re
     import shlex
     from pathlib import Path
