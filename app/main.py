@@ -39,6 +39,7 @@ state.init_session()
 data = active_data()
 runs = render_sidebar(data)
 page = st.navigation(navigation.pages(data, runs))
+state.on_page(page.url_path)
 try:
     page.run()
 except GPCoreError as exc:  # a damaged run or file: say which, keep the sidebar (pick another run)

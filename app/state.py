@@ -274,6 +274,8 @@ class ViewState:
     flash: str | None = _key()  # a message shown once on the next rerun of the Data page
     url_error: str | None = _key()  # why the link's data set was refused (shown once)
     initialised: bool = _key(False)
+    page: str | None = _key()  # the URL path of the page this run draws (set by main.py after st.navigation)
+    drawn_on: tuple = _key(())  # (field, page) pairs: the page each control was last drawn on (see control)
     script_ms: float | None = _key()  # server time of the last script run (read by benchmarks/bench_app.py)
 
 
@@ -348,7 +350,7 @@ def control(widget, label: str, *args, name: str, valid=None, **kwargs):
         choices = FIELDS[name].metadata["choices"]
         valid = (lambda v: True) if choices is None else choices.__contains__
     canonical = ss.get(state_key, _default(FIELDS[name]))
-    if canonical is not None and valid(canonical) and ss.get(key, _MISSING) != canonical:
+    if canonical is not None and valid(canonical) and (_moved(name) or ss.get(key, _MISSING) != canonical):
         ss[key] = canonical
 
     def changed() -> None:
@@ -364,6 +366,28 @@ def control(widget, label: str, *args, name: str, valid=None, **kwargs):
     if ss.get(state_key, _MISSING) != value:
         ss[state_key] = value
     return value
+
+
+def _moved(name: str) -> bool:
+    """Whether field ``name``'s control is drawn on another page than last time (and note this page).
+
+    Streamlit gives a widget on each page its own identity, so a control two pages share (the quarter slider on
+    Maps, Decide and Export) holds, right after a page switch, the value of the other page's widget under its key:
+    it reads as set, but the new page's widget would start at its first option. Such a control is seeded again."""
+    ss = st.session_state
+    page = ss.get(session_key("page"))
+    drawn = dict(ss.get(session_key("drawn_on"), ()))
+    if name in drawn and drawn[name] == page:
+        return False
+    drawn[name] = page
+    ss[session_key("drawn_on")] = tuple(sorted(drawn.items(), key=lambda kv: kv[0]))
+    return True
+
+
+def on_page(path: str) -> None:
+    """Note the page this run draws (``main.py``, after ``st.navigation``): :func:`control` seeds a control again on
+    a page other than the one it was last drawn on."""
+    update(page=path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,3 +76,19 @@ def test_compare_offers_the_forecast_split_beside_random(time_env):
     assert set(ranking["split"]) == {"Forecast (2020Q4)"} and len(ranking) == 1
     assert FORECAST_RUN in " ".join(ranking["run"]) or "vecchia forecast tiny" in " ".join(ranking["run"])
     assert any("Test split: **forecast**" in m.value for m in at.markdown)
+
+
+def test_the_quarter_survives_every_page_switch(time_env):
+    """The slider is one view-state value drawn by three pages, and Streamlit gives each page's widget its own
+    identity: after Decide -> Maps the Maps slider showed 2019Q1 (its first option), not the quarter chosen on Decide.
+    Each switch keeps the quarter, in the slider and the URL."""
+    at = linked_page("decide", TIME_RUN)
+    expected = "2019Q2"
+    at.select_slider(key="w_quarter").set_value(expected).run()
+    for path, move_to in (("maps", "2020Q1"), ("export", "2019Q4"), ("decide", "2020Q2"), ("maps", None)):
+        open_page(at, path).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert (at.select_slider(key="w_quarter").value, at.query_params["at"]) == (expected, expected), path
+        if move_to:
+            at.select_slider(key="w_quarter").set_value(move_to).run()
+            expected = move_to
