@@ -449,11 +449,12 @@ def st_metrics(path: str, stamp: float) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 
 
-def export_grid_bytes(path: str, fmt: str) -> bytes:
-    """The run's prediction grid as GeoTIFF, GeoJSON or CSV bytes (``gpcore.run.decisions.export_grid_bytes``)."""
+def export_grid_bytes(path: str, fmt: str, quarter: str | None = None) -> bytes:
+    """The run's prediction grid (a run with time as an input: at ``quarter``) as GeoTIFF, GeoJSON or CSV bytes
+    (``gpcore.run.decisions.export_grid_bytes``)."""
     from gpcore.run.decisions import export_grid_bytes as grid_bytes
 
-    return grid_bytes(path, fmt)
+    return grid_bytes(path, fmt, quarter)
 
 
 def model_zip_bytes(path: str) -> bytes:

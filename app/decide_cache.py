@@ -116,6 +116,14 @@ def st_change(path: str, stamp: float, t_from: str, t_to: str, level: float = 0.
     return run_change_table(path, st_model(path, stamp), run.grid[["cell_id", "lon", "lat"]], t1, t2, level=level)
 
 
+def change_file_bytes(path: str, stamp: float, t_from: str, t_to: str, fmt: str) -> bytes:
+    """The change of :func:`st_change` as CSV, GeoJSON or GeoTIFF bytes, for the Export page's downloads
+    (``gpcore.run.decisions.export_change_bytes``)."""
+    from gpcore.run.decisions import export_change_bytes
+
+    return export_change_bytes(path, st_change(path, stamp, t_from, t_to), fmt, t_from, t_to)
+
+
 @st.cache_resource(show_spinner=False, max_entries=16)
 def st_change_lookup(path: str, stamp: float, t_from: str, t_to: str) -> dict:
     """Tooltip and click lookup of the Change map (change, its 95 % interval and P(improved) per cell)."""

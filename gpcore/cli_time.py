@@ -31,7 +31,8 @@ def add_time_commands(sub) -> None:
                    help=f"average the change over this many draws of the hyperparameters' posterior (REML, Laplace; "
                         f"vecchia and dbk-nn without features; default {HYPER_DRAWS}); 0 = at the fitted values")
     p.add_argument("--out", required=True, help="output .parquet or .csv (cell_id, lon, lat, change_mean, "
-                                                "change_sd, change_lo, change_hi, p_increase)")
+                                                "change_sd, change_lo, change_hi, p_increase), .geojson (the same "
+                                                "on the grid's cells) or .tif (one band per change column)")
     p.set_defaults(func=cmd_change)
 
 
@@ -43,7 +44,7 @@ def cmd_change(args) -> int:
 
     path = Path(args.out)
     try:
-        fmt = frame_format(path, ("csv", "parquet"))
+        fmt = frame_format(path, ("csv", "parquet", "geojson", "geotiff"))
     except GPCoreError as e:
         raise type(e)(f"--out {e}") from None
     if not 0 < args.level < 1:
@@ -57,6 +58,17 @@ def cmd_change(args) -> int:
     print(f"  median change {np.median(t['change_mean']):+.4f} (median sd {np.median(t['change_sd']):.4f}); "
           f"P(increase) > 0.95 in {int((p > 0.95).sum())} cells, < 0.05 in {int((p < 0.05).sum())}, "
           f"sign uncertain in {int(((p >= 0.05) & (p <= 0.95)).sum())}")
-    write_frame(t, path, fmt)
+    if fmt in ("csv", "parquet"):
+        write_frame(t, path, fmt)
+    else:  # on the run's cells: polygons for GeoJSON, the raster layout for GeoTIFF
+        from gpcore import data as D
+        from gpcore.run.decisions import CHANGE_BANDS, change_frame
+
+        frame = change_frame(args.run_dir, t)
+        if fmt == "geojson":
+            write_frame(frame, path, fmt)
+        else:
+            D.export_predictions(frame, path, columns=list(CHANGE_BANDS), tags={
+                "change_from": res.t_from, "change_to": res.t_to, "units": res.units})
     print(f"wrote {path}")
     return 0

@@ -1,12 +1,17 @@
-"""Export: the prediction grid (GeoTIFF, GeoJSON, CSV), the trained model and the run manifest."""
+"""Export: the prediction grid (GeoTIFF, GeoJSON, CSV), the trained model and the run manifest.
+
+A run with time as an input exports the grid at the quarter slider's quarter (the Maps page's, view state ``at``) and,
+between the Change map's two quarters (view state ``change_from``, ``change_to``), the posterior of the change."""
 
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import streamlit as st
 
-from app import cache, state
+from app import cache, decide_cache, state, timeview
+from app.colors import UNCERTAIN
 from app.safe_html import md_text
 
 
@@ -24,20 +29,26 @@ def render(data, runs: list) -> None:
     has_grid = cache.has_grid(path)
 
     st.subheader("Prediction grid")
+    quarters = timeview.run_quarters(m)
+    quarter = timeview.quarter_slider(quarters) if has_grid else None
+    at = f" at {quarter}" if quarter else ""
     st.caption(
-        "Columns: mean, sd, lower, upper, width in the target's original units and mean_t, sd_t, width_t in "
-        "model space. GeoTIFF: one float32 band per column in the grid's own CRS (one pixel per cell)."
+        f"The grid{at}. Columns: mean, sd, lower, upper, width in the target's original units and mean_t, sd_t, "
+        "width_t in model space. GeoTIFF: one float32 band per column in the grid's own CRS (one pixel per cell)."
     )
+    name = f"{stem}-{quarter}" if quarter else stem
     c = st.columns(3)
-    c[0].download_button("GeoTIFF", data=lambda: cache.export_grid_bytes(path, "geotiff"), file_name=f"{stem}.tif",
-                         mime="image/tiff", disabled=not has_grid, on_click="ignore", icon=":material/download:",
-                         key="w_dl_tif")
-    c[1].download_button("GeoJSON", data=lambda: cache.export_grid_bytes(path, "geojson"),
-                         file_name=f"{stem}.geojson", mime="application/geo+json", disabled=not has_grid,
+    c[0].download_button("GeoTIFF", data=lambda: cache.export_grid_bytes(path, "geotiff", quarter),
+                         file_name=f"{name}.tif", mime="image/tiff", disabled=not has_grid, on_click="ignore",
+                         icon=":material/download:", key="w_dl_tif")
+    c[1].download_button("GeoJSON", data=lambda: cache.export_grid_bytes(path, "geojson", quarter),
+                         file_name=f"{name}.geojson", mime="application/geo+json", disabled=not has_grid,
                          on_click="ignore", icon=":material/download:", key="w_dl_geojson")
-    c[2].download_button("CSV", data=lambda: cache.export_grid_bytes(path, "csv"), file_name=f"{stem}.csv",
+    c[2].download_button("CSV", data=lambda: cache.export_grid_bytes(path, "csv", quarter), file_name=f"{name}.csv",
                          mime="text/csv", disabled=not has_grid, on_click="ignore", icon=":material/download:",
                          key="w_dl_csv")
+    if has_grid and len(quarters) > 1:
+        change_downloads(info, quarters, stem)
 
     st.subheader("Model and manifest")
     c = st.columns(3)
@@ -60,6 +71,39 @@ def render(data, runs: list) -> None:
         "versions": m.get("versions"),
     }
     st.json(json.loads(json.dumps(summary)), expanded=1)
+
+
+def change_downloads(info, quarters: list[str], stem: str) -> None:
+    """The change between the Change map's two quarters, per grid cell, for download (computed on request: a run's
+    first change fits the hyperparameters' posterior)."""
+    st.subheader("Change between two quarters")
+    t_from, t_to = timeview.change_controls(quarters)
+    if t_from == t_to:
+        st.info("Choose two different quarters to export the change between them.")
+        return
+    st.caption(
+        "Per cell: change_mean, change_sd, change_lo, change_hi (95 % interval) and p_increase = P(change > 0), from "
+        "the joint posterior of the two quarters, in model units (for a log10 target: log10 of the ratio). The same "
+        f"as `python -m gpcore change RUN --from {t_from} --to {t_to}` and the Maps page's Change map."
+    )
+    if not st.toggle(f"Prepare the change {t_from} → {t_to} for download", value=False, key="w_export_change",
+                     help="A run's first change takes two to three minutes at 100,000 rows on a 2-core CPU (the "
+                          "hyperparameters' posterior); later ones, and one the Change map already showed, seconds."):
+        return
+    key = cache.run_key(info)
+    table = decide_cache.st_change(*key, t_from, t_to)
+    p = table["p_increase"].to_numpy()
+    lo, hi = UNCERTAIN
+    st.caption(f"{len(table):,} cells: {int((p >= hi).sum()):,} likely improved (P(improved) ≥ {hi:g}), "
+               f"{int((p <= lo).sum()):,} likely worse (≤ {lo:g}), the others with an uncertain sign.")
+    name = f"{stem}-change-{t_from}-{t_to}"
+    c = st.columns(3)
+    for col, (label, fmt, suffix, mime) in zip(c, (("GeoTIFF", "geotiff", "tif", "image/tiff"),
+                                                   ("GeoJSON", "geojson", "geojson", "application/geo+json"),
+                                                   ("CSV", "csv", "csv", "text/csv")), strict=True):
+        col.download_button(f"Change ({label})", data=partial(decide_cache.change_file_bytes, *key, t_from, t_to, fmt),
+                            file_name=f"{name}.{suffix}", mime=mime, on_click="ignore", icon=":material/download:",
+                            key=f"w_dl_change_{fmt}")
 
 
 def cli_command(cfg: dict) -> str:

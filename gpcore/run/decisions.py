@@ -87,14 +87,15 @@ def open_run(run_dir, device: str | None = None, at: str | None = None) -> Store
     return StoredRun(Path(run_dir), manifest, model, grid, transform, quarter, t)
 
 
-def run_grid(run_dir, rebuild: bool = False):
-    """The run's grid as a GeoDataFrame with its predictions and its ``GridSpec`` (needed for GeoTIFF).
+def run_grid(run_dir, rebuild: bool = False, quarter: str | None = None):
+    """The run's grid as a GeoDataFrame with its predictions (for a run with time as an input: at ``quarter``, default
+    its latest grid quarter) and its ``GridSpec`` (needed for GeoTIFF).
 
     A run that recorded no layout keeps point cells, unless ``rebuild``: then the grid is rebuilt with
     :func:`gpcore.run.pipeline.build_grid` (deterministic) and matched by ``cell_id``.
     """
     manifest = rundir.read_manifest(run_dir)
-    grid = rundir.read_grid_frame(run_dir, manifest)
+    grid = rundir.read_grid_frame(run_dir, manifest, quarter)
     if "grid" in grid.attrs or not rebuild:
         return grid
     from gpcore.run import pipeline
@@ -122,21 +123,58 @@ def run_grid(run_dir, rebuild: bool = False):
     return out
 
 
-def export_grid_bytes(run_dir, fmt: str) -> bytes:
-    """The run's prediction grid as GeoTIFF, GeoJSON or CSV bytes (``gpcore.data.export_predictions``)."""
-    from gpcore import data as D
-
-    grid = run_grid(run_dir, rebuild=True)
-    cols = [c for c in (*D.PRED_COLUMNS, "mean_t", "sd_t", "width_t") if c in grid.columns]
+def _tags(run_dir, **more) -> dict:
     manifest = rundir.read_manifest(run_dir)
     cfg = manifest["config"]
-    tags = {"model": cfg.get("model", ""), "target": cfg.get("y", ""), "transform": cfg.get("transform", ""),
-            "run_id": manifest.get("run_id", Path(run_dir).name)}
+    return {"model": cfg.get("model", ""), "target": cfg.get("y", ""), "transform": cfg.get("transform", ""),
+            "run_id": manifest.get("run_id", Path(run_dir).name), **{k: v for k, v in more.items() if v is not None}}
+
+
+def _file_bytes(frame, fmt: str, columns, tags: dict) -> bytes:
+    from gpcore import data as D
+
     suffix = {"geotiff": ".tif", "geojson": ".geojson", "csv": ".csv"}[fmt]
     with tempfile.TemporaryDirectory() as tmp:
-        out = D.export_predictions(grid, Path(tmp) / f"predictions{suffix}", columns=cols,
+        out = D.export_predictions(frame, Path(tmp) / f"predictions{suffix}", columns=list(columns),
                                    tags=tags if fmt == "geotiff" else None)
         return out.read_bytes()
+
+
+def export_grid_bytes(run_dir, fmt: str, quarter: str | None = None) -> bytes:
+    """The run's prediction grid (a run with time as an input: at ``quarter``, default its latest grid quarter) as
+    GeoTIFF, GeoJSON or CSV bytes (``gpcore.data.export_predictions``)."""
+    from gpcore import data as D
+
+    grid = run_grid(run_dir, rebuild=True, quarter=quarter)
+    cols = [c for c in (*D.PRED_COLUMNS, "mean_t", "sd_t", "width_t") if c in grid.columns]
+    return _file_bytes(grid, fmt, cols, _tags(run_dir, quarter=quarter))
+
+
+#: the columns of a change written with its cells (:func:`change_frame`), GeoTIFF bands in this order
+CHANGE_BANDS = ("change_mean", "change_sd", "change_lo", "change_hi", "p_increase")
+
+
+def change_frame(run_dir, table: pd.DataFrame):
+    """A change table (:func:`gpcore.run.change.change_table`: one row per grid cell) on the run's cells: a
+    GeoDataFrame with their polygons and ``GridSpec``, for GeoJSON and GeoTIFF (``python -m gpcore change --out``
+    and the Export page)."""
+    cells = run_grid(run_dir, rebuild=True)
+    keep = [c for c in ("cell_id", "row", "col", "lon", "lat", cells.geometry.name) if c in cells.columns]
+    out = cells[keep].merge(pd.DataFrame(table)[["cell_id", *CHANGE_BANDS]], on="cell_id", how="inner")
+    if len(out) != len(table):
+        raise GPCoreError(f"the change has {len(table)} cells but the run's grid matches {len(out)} of them")
+    out.attrs = dict(cells.attrs)
+    return out
+
+
+def export_change_bytes(run_dir, table: pd.DataFrame, fmt: str, t_from: str, t_to: str) -> bytes:
+    """A change table as GeoTIFF (one band per :data:`CHANGE_BANDS` column), GeoJSON or CSV bytes."""
+    if fmt == "csv":
+        from gpcore.data.export import spreadsheet_safe
+
+        return spreadsheet_safe(pd.DataFrame(table)).to_csv(index=False).encode()
+    return _file_bytes(change_frame(run_dir, table), fmt, CHANGE_BANDS,
+                       _tags(run_dir, change_from=t_from, change_to=t_to, units="model (transformed) units"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -116,6 +116,36 @@ def linked_page(path: str, run_id: str, **params):
     return at
 
 
+@pytest.fixture
+def deferred(monkeypatch) -> dict:
+    """``{deferred_file_id: (file name, callable)}`` of every download button drawn while the test runs: a page that
+    passes a callable (generated on click) leaves it with Streamlit's media file manager, which AppTest replaces on
+    every run; the registration is recorded here so that :func:`download` can run it as a click does."""
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    seen: dict = {}
+    add = MediaFileManager.add_deferred
+
+    def recording(self, data_callable, mimetype, coordinates, file_name=None, **kw):
+        file_id = add(self, data_callable, mimetype, coordinates, file_name=file_name, **kw)
+        seen[file_id] = (file_name, data_callable)
+        return file_id
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", recording)
+    return seen
+
+
+def download(at, deferred: dict, key: str) -> tuple[str, bytes]:
+    """``(file name, bytes)`` the browser gets from the download button with widget key ``key`` (its callable run as
+    a click runs it; ``deferred``: the fixture of that name)."""
+    hits = [b.proto for b in at.get("download_button") if b.proto.id.endswith(f"-{key}")]
+    assert len(hits) == 1, [b.proto.id for b in at.get("download_button")]
+    assert hits[0].deferred_file_id in deferred, f"{key}: not a deferred download"
+    name, make = deferred[hits[0].deferred_file_id]
+    data = make()
+    return name, data.encode() if isinstance(data, str) else bytes(data)
+
+
 def open_page(at, path: str):
     """Switch to the page at URL path ``path`` (``"maps"``): the pages are ``render(data, runs)`` callables
     registered by ``st.navigation`` (app/navigation.py), which ``AppTest.switch_page`` (file pages) cannot

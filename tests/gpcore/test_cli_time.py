@@ -189,6 +189,50 @@ def test_change_command(st_run, tmp_path, capsys):
     assert m["p_increase"].between(0, 1).all() and not np.allclose(m["p_increase"], t["p_increase"], atol=1e-3)
 
 
+def test_change_as_geojson_and_geotiff_on_the_grid_cells(st_run, tmp_path, capsys):
+    """``change --out`` also writes GeoJSON (the table on the cells' polygons) and a GeoTIFF (one band per change
+    column on the grid's layout), each holding the numbers of the table."""
+    import geopandas as gpd
+    import rasterio
+
+    from gpcore.run.rundir import read_grid_frame
+
+    args = ["change", str(st_run), "--from", "2019Q2", "--to", "2020Q3", "--hyper-draws", "0"]
+    assert main([*args, "--out", str(tmp_path / "c.csv")]) == 0
+    table = pd.read_csv(tmp_path / "c.csv")
+    assert main([*args, "--out", str(tmp_path / "c.geojson")]) == 0
+    geo = gpd.read_file(tmp_path / "c.geojson")
+    assert geo["cell_id"].tolist() == table["cell_id"].tolist()
+    assert set(geo.geom_type) == {"Polygon"}
+    for col in ("change_mean", "change_sd", "change_lo", "change_hi", "p_increase"):
+        np.testing.assert_allclose(geo[col], table[col], rtol=1e-9, atol=1e-12)
+    assert main([*args, "--out", str(tmp_path / "c.tif")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    cells = read_grid_frame(st_run)
+    with rasterio.open(tmp_path / "c.tif") as src:
+        assert src.descriptions == ("change_mean", "change_sd", "change_lo", "change_hi", "p_increase")
+        assert (src.tags()["change_from"], src.tags()["change_to"]) == ("2019Q2", "2020Q3")
+        data = src.read()
+    at = table.set_index("cell_id").loc[cells["cell_id"]]
+    for band, col in enumerate(("change_mean", "change_sd", "change_lo", "change_hi", "p_increase")):
+        np.testing.assert_allclose(data[band, cells["row"], cells["col"]], at[col], rtol=1e-6, atol=1e-7)
+
+
+def test_the_grid_exports_at_a_quarter(st_run):
+    """A space-time run's grid export is the chosen quarter's grid (default: the latest), not always the latest."""
+    from io import StringIO
+
+    from gpcore.run.decisions import export_grid_bytes
+
+    early = pd.read_csv(StringIO(export_grid_bytes(st_run, "csv", "2019Q2").decode()))
+    late = pd.read_csv(StringIO(export_grid_bytes(st_run, "csv").decode()))
+    for frame, quarter in ((early, "2019Q2"), (late, json.loads((st_run / "run.json").read_text())["time"][
+            "grid_quarters"][-1])):
+        stored = pd.read_parquet(st_run / "grids" / f"{quarter}.parquet")
+        np.testing.assert_allclose(frame["mean_t"], stored["mean_t"], rtol=1e-6)
+    assert not np.allclose(early["mean_t"], late["mean_t"])
+
+
 def test_compare_with_the_forecast_split(st_csv, tmp_path):
     out = tmp_path / "cmp"
     assert main(["compare", "--data", str(st_csv), "--y", "download_mbps", "--models", "vecchia", "--time-input",
