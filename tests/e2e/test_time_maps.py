@@ -147,3 +147,17 @@ def test_decide_at_the_grid_quarter_and_another_in_the_browser(time_server, page
     assert "at=2019Q3" in page.url, page.url
     page.get_by_text("Plausible maps at 2019Q3", exact=True).wait_for(timeout=60_000)
     screenshot(page, "time-decide-2019Q3.png")
+
+    # one quarter on every page: Maps and Export follow Decide's slider (Maps showed 2019Q1 here before), and Export
+    # writes that quarter's grid
+    nav(page, "Maps")
+    expect_legend(page, "Posterior mean of download_mbps at 2019Q3")
+    assert slider_value(page) == "2019Q3"
+    nav(page, "Export")
+    page.get_by_text("The grid at 2019Q3.", exact=False).first.wait_for(timeout=60_000)
+    assert slider_value(page) == "2019Q3"
+    with page.expect_download() as download:
+        page.get_by_role("button", name="CSV").first.click()
+    assert download.value.suggested_filename == f"{RUN}-2019Q3.csv"
+    no_exception(page)
+    screenshot(page, "time-export-2019Q3.png")
