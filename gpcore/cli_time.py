@@ -39,8 +39,9 @@ def add_time_commands(sub) -> None:
 def cmd_change(args) -> int:
     import numpy as np
 
-    from gpcore.data.export import frame_format, write_frame
+    from gpcore.data.export import frame_format
     from gpcore.run.change import run_change
+    from gpcore.run.decisions import write_change
 
     path = Path(args.out)
     try:
@@ -58,17 +59,6 @@ def cmd_change(args) -> int:
     print(f"  median change {np.median(t['change_mean']):+.4f} (median sd {np.median(t['change_sd']):.4f}); "
           f"P(increase) > 0.95 in {int((p > 0.95).sum())} cells, < 0.05 in {int((p < 0.05).sum())}, "
           f"sign uncertain in {int(((p >= 0.05) & (p <= 0.95)).sum())}")
-    if fmt in ("csv", "parquet"):
-        write_frame(t, path, fmt)
-    else:  # on the run's cells: polygons for GeoJSON, the raster layout for GeoTIFF
-        from gpcore import data as D
-        from gpcore.run.decisions import CHANGE_BANDS, change_frame
-
-        frame = change_frame(args.run_dir, t)
-        if fmt == "geojson":
-            write_frame(frame, path, fmt)
-        else:
-            D.export_predictions(frame, path, columns=list(CHANGE_BANDS), tags={
-                "change_from": res.t_from, "change_to": res.t_to, "units": res.units})
+    write_change(args.run_dir, t, path, fmt, res.t_from, res.t_to)
     print(f"wrote {path}")
     return 0

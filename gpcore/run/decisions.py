@@ -167,14 +167,31 @@ def change_frame(run_dir, table: pd.DataFrame):
     return out
 
 
-def export_change_bytes(run_dir, table: pd.DataFrame, fmt: str, t_from: str, t_to: str) -> bytes:
-    """A change table as GeoTIFF (one band per :data:`CHANGE_BANDS` column), GeoJSON or CSV bytes."""
-    if fmt == "csv":
-        from gpcore.data.export import spreadsheet_safe
+def write_change(run_dir, table: pd.DataFrame, path, fmt: str, t_from: str, t_to: str) -> Path:
+    """Write a change table to ``path`` as ``fmt``: ``"csv"`` / ``"parquet"`` the table itself, ``"geojson"`` on the
+    run's cell polygons (:func:`change_frame`), ``"geotiff"`` one float32 band per :data:`CHANGE_BANDS` column on the
+    grid's layout, tagged with the quarters and units. ``python -m gpcore change --out`` and the Export page."""
+    from gpcore import data as D
+    from gpcore.data.export import write_frame
+    from gpcore.run.change import units_text
 
-        return spreadsheet_safe(pd.DataFrame(table)).to_csv(index=False).encode()
-    return _file_bytes(change_frame(run_dir, table), fmt, CHANGE_BANDS,
-                       _tags(run_dir, change_from=t_from, change_to=t_to, units="model (transformed) units"))
+    path = Path(path)
+    if fmt in ("csv", "parquet"):
+        write_frame(table, path, fmt)
+    elif fmt == "geojson":
+        write_frame(change_frame(run_dir, table), path, fmt)
+    else:
+        units = units_text(rundir.read_manifest(run_dir)["config"])
+        D.export_predictions(change_frame(run_dir, table), path, columns=list(CHANGE_BANDS),
+                             tags=_tags(run_dir, change_from=t_from, change_to=t_to, units=units))
+    return path
+
+
+def export_change_bytes(run_dir, table: pd.DataFrame, fmt: str, t_from: str, t_to: str) -> bytes:
+    """:func:`write_change`'s file as bytes (for a download)."""
+    suffix = {"geotiff": ".tif", "geojson": ".geojson", "csv": ".csv", "parquet": ".parquet"}[fmt]
+    with tempfile.TemporaryDirectory() as tmp:
+        return write_change(run_dir, table, Path(tmp) / f"change{suffix}", fmt, t_from, t_to).read_bytes()
 
 
 # --------------------------------------------------------------------------------------------
