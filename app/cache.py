@@ -48,6 +48,7 @@ class LoadedData:
     data_hash: str
     y_t: np.ndarray
     units: str
+    period_free_hash: str = ""  # the data set's identity whatever its period (runs on its other quarters)
 
     @property
     def n(self) -> int:
@@ -61,11 +62,13 @@ class LoadedData:
 @st.cache_resource(show_spinner="Reading the data ...", max_entries=8)
 def st_load_dataset(spec: DatasetSpec) -> LoadedData:
     """Read, validate and stratify a data set exactly as a run would (``gpcore.run.dataset.load_dataset``)."""
+    from gpcore.identity import dataset_identity
     from gpcore.run.dataset import load_dataset
 
-    d = load_dataset(spec.run_config())
+    cfg = spec.run_config()
+    d = load_dataset(cfg)
     return LoadedData(spec, d.frame, d.source, d.state, d.frame.attrs.get("report"), d.data_hash, d.y_t,
-                      units_of(spec.y))
+                      units_of(spec.y), dataset_identity(cfg.to_dict(), period=False) or "")
 
 
 @st.cache_resource(show_spinner="Reading the file ...", max_entries=8)

@@ -55,7 +55,7 @@ def render_sidebar(data) -> list:
         on_data = [r for r in runs if r.data_hash == data.data_hash]
         st.markdown(f"**Runs** ({len(runs)} in the store, {len(on_data)} on this data set)")
         if runs:
-            titles = cache.unique_labels({r.run_id: _run_label(r, data.data_hash) for r in runs})
+            titles = cache.unique_labels({r.run_id: _run_label(r, data) for r in runs})
             state.control(
                 st.selectbox, "Active run", ids, format_func=titles.get, name="run", valid=lambda v: v in ids,
                 help="The run shown on Maps, Decide and Export. Runs persist in the run store across restarts.",
@@ -80,7 +80,7 @@ def render_sidebar(data) -> list:
     return runs
 
 
-def _run_label(info, data_hash: str) -> str:
+def _run_label(info, data) -> str:
     m = info.manifest
     created = (m.get("created") or "")[:16].replace("T", " ")
     nll = next((r.get("nll") for r in m.get("metrics", []) if r.get("group") == "all"), None)
@@ -90,5 +90,6 @@ def _run_label(info, data_hash: str) -> str:
     if created:
         bits.append(created)
     tag = " (bundled)" if info.bundled else ""
-    other = "" if info.data_hash == data_hash else " [other data]"
+    same_but_period = bool(data.period_free_hash) and info.period_free_hash == data.period_free_hash
+    other = "" if info.data_hash == data.data_hash else (" [other period]" if same_but_period else " [other data]")
     return " · ".join(bits) + tag + other

@@ -58,10 +58,12 @@ def _source_file(data: str) -> Path:
     return Path(data[len("file:"):] if data.startswith("file:") else data)
 
 
-def dataset_identity(config: dict) -> str | None:
+def dataset_identity(config: dict, period: bool = True) -> str | None:
     """16-hex identity of the data set a run configuration (``RunConfig.to_dict()``) reads.
 
-    None when the source file (or an uploaded strata layer) is not available to hash.
+    ``period=False``: of the data set whatever its period, so that runs on other quarters of one file and spec can be
+    named as such ("other period") rather than as other data. None when the source file (or an uploaded strata
+    layer) is not available to hash.
     """
     data = str(config.get("data") or "")
     try:
@@ -79,6 +81,8 @@ def dataset_identity(config: dict) -> str | None:
         if layer is None:
             return None
         spec["strata"] = "polygons:" + layer
+    if not period:
+        spec["quarter"] = "any period"
     text = json.dumps({"content": content, **spec}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

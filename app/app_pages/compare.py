@@ -29,12 +29,19 @@ DEFAULT_RUNS = 8
 SPLIT_COLUMN = {"split": st.column_config.TextColumn("split", width="medium")}
 
 
-def pick_runs(runs, data_hash: str) -> tuple[list, str]:
+def pick_runs(runs, data) -> tuple[list, str]:
     """The chosen runs, all of one test-split kind, and that kind (:func:`app.bands.split_key`)."""
     show_all = st.toggle("Include runs on other data sets", value=False, key="w_cmp_all")
-    pool = runs if show_all else [r for r in runs if r.data_hash == data_hash]
+    pool = runs if show_all else [r for r in runs if r.data_hash == data.data_hash]
     if not pool:
-        st.info("No runs on the active data set yet: train one on the Train page, or include runs on other data.")
+        periods = [r for r in runs if data.period_free_hash and r.period_free_hash == data.period_free_hash]
+        if periods:  # e.g. a time run trained on some of the data set's quarters (Train page: First / Last quarter)
+            st.info(f"No runs on the active data set with its period yet; {len(periods)} run(s) on other periods of "
+                    "it (e.g. a model over some of its quarters, marked [other period] in the sidebar): turn on "
+                    "'Include runs on other data sets' to compare them.")
+        else:
+            st.info("No runs on the active data set yet: train one on the Train page, or include runs on other "
+                    "data.")
         return [], "random"
     kind = pick_split(pool)
     pool = [r for r in pool if bands.split_key(r) == kind]
@@ -153,7 +160,7 @@ def names_for(infos) -> dict[str, str]:
 def render(data: cache.LoadedData, runs: list) -> None:
     """The Compare page: the chosen runs on ``data`` (or on any data set), ranked, with their charts."""
     st.title("Compare")
-    infos, kind = pick_runs(runs, data.data_hash)
+    infos, kind = pick_runs(runs, data)
     if not infos:
         return
     names = names_for(infos)

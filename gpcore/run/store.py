@@ -67,6 +67,15 @@ class RunInfo:
                 return ident
         return data.get("hash", "")
 
+    @property
+    def period_free_hash(self) -> str:
+        """The identity of the run's data set whatever its period (``dataset_identity(..., period=False)``; "" when
+        its file is gone): equal for runs on other quarters of one file and spec."""
+        from gpcore.identity import dataset_identity
+
+        config = self.manifest.get("config") if isinstance(self.manifest, dict) else None
+        return (dataset_identity(config, period=False) or "") if isinstance(config, dict) else ""
+
 
 def load_run(run_dir, device: str | None = None):
     """``(manifest, model)`` of a run directory written by :func:`gpcore.run.pipeline.execute_run`.

@@ -202,9 +202,31 @@ def test_a_cli_run_over_every_quarter_is_on_the_data_page_s_period_all(store):
     sidebar = "\n".join(m.value for m in at.sidebar.markdown)
     assert "1 on this data set" in sidebar, sidebar
     titles = {o for o in at.sidebar.selectbox[0].options}
-    mine = [t for t in titles if t.startswith("dbk-rbf") and "[other data]" not in t]
-    assert len(mine) == 1, titles  # the crafted run (its model is still dbk-rbf): on this data set
-    assert sum("[other data]" in t for t in titles) == len(titles) - 1, "the 2023 runs are on another data set"
+    mine = [t for t in titles if not t.endswith("]")]
+    assert len(mine) == 1 and mine[0].startswith("dbk-rbf"), titles  # the crafted run (its model still dbk-rbf)
+    assert sum(t.endswith(" [other period]") for t in titles) == len(titles) - 1, \
+        "the 2023 runs read other quarters of the same file and spec"
+
+
+def test_runs_on_other_quarters_of_the_data_set_are_named_so(store):
+    """Period "all" with only runs on 2023 (the store's tiny runs and the bundled ones): the sidebar marks them
+    "[other period]", not "[other data]", and Compare says that runs on other periods of the data set exist and how
+    to include them (a time run trained on some quarters from the Train page is such a run); other data stays so."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    at.selectbox(key="w_quarter_sample:puerto_rico").select("all").run()
+    at.button(key="w_load_data").click().run()
+    titles = at.sidebar.selectbox[0].options
+    assert titles and all(t.endswith(" [other period]") for t in titles), titles
+    open_page(at, "compare").run()
+    assert not at.exception, [e.value for e in at.exception]
+    info = " ".join(i.value for i in at.info)
+    assert f"{len(titles)} run(s) on other periods" in info and "Include runs on other data sets" in info, info
+
+    open_page(at, "data").run()  # another target is other data, whatever the period
+    at.selectbox(key="w_y_sample:puerto_rico").select("upload_mbps").run()
+    at.button(key="w_load_data").click().run()
+    assert all(t.endswith(" [other data]") for t in at.sidebar.selectbox[0].options)
 
 
 def test_the_readme_s_space_time_command_reads_the_data_page_s_puerto_rico_all():

@@ -114,3 +114,13 @@ def test_a_run_written_by_older_identity_code_is_matched_by_its_configuration(tm
     assert RunInfo("older", tmp_path, older, False).data_hash == ident(quarter="all")
     current = {"config": cfg, "data": {"hash": "0123456789abcdef", "hash_of": HASH_OF}}
     assert RunInfo("current", tmp_path, current, False).data_hash == "0123456789abcdef", "the stored hash is used"
+
+
+def test_the_identity_whatever_the_period_ignores_only_the_period():
+    def free(**changes):
+        return dataset_identity(RunConfig(**{**BASE, **changes}).to_dict(), period=False)
+
+    assert free(quarter="2019Q1") == free(quarter="2023") == free(quarter="all") is not None
+    assert free() not in (ident(), ident(quarter="all")), "never equal to a data set's own identity"
+    for change in (dict(y="upload_mbps"), dict(transform="identity"), dict(strata=None), dict(weight="tests")):
+        assert free(**change) != free(), change
