@@ -36,9 +36,9 @@ def pick_runs(runs, data) -> tuple[list, str]:
     if not pool:
         periods = [r for r in runs if data.period_free_hash and r.period_free_hash == data.period_free_hash]
         if periods:  # e.g. a time run trained on some of the data set's quarters (Train page: First / Last quarter)
-            st.info(f"No runs on the active data set with its period yet; {len(periods)} run(s) on other periods of "
-                    "it (e.g. a model over some of its quarters, marked [other period] in the sidebar): turn on "
-                    "'Include runs on other data sets' to compare them.")
+            st.info(f"No runs on the active data set yet, but {len(periods)} on other periods of it (marked [other "
+                    "period] in the sidebar, such as a model over some of its quarters): turn on 'Include runs on "
+                    "other data sets' to compare them.")
         else:
             st.info("No runs on the active data set yet: train one on the Train page, or include runs on other "
                     "data.")

@@ -221,7 +221,7 @@ def test_runs_on_other_quarters_of_the_data_set_are_named_so(store):
     open_page(at, "compare").run()
     assert not at.exception, [e.value for e in at.exception]
     info = " ".join(i.value for i in at.info)
-    assert f"{len(titles)} run(s) on other periods" in info and "Include runs on other data sets" in info, info
+    assert f"but {len(titles)} on other periods of it" in info and "Include runs on other data sets" in info, info
 
     open_page(at, "data").run()  # another target is other data, whatever the period
     at.selectbox(key="w_y_sample:puerto_rico").select("upload_mbps").run()
