@@ -74,7 +74,7 @@ def dataset_identity(config: dict, period: bool = True) -> str | None:
         return None
     spec = {k: config.get(k) for k in SPEC_FIELDS}
     spec["x"] = list(spec["x"]) if spec.get("x") else None
-    _canonical_time(data, spec)
+    _canonical_time(data, spec, content)
     strata = spec.get("strata")
     if isinstance(strata, str) and strata.startswith("polygons:"):
         layer = file_digest(_source_file(strata[len("polygons:"):]))
@@ -87,7 +87,7 @@ def dataset_identity(config: dict, period: bool = True) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _canonical_time(data: str, spec: dict) -> None:
+def _canonical_time(data: str, spec: dict, content: str) -> None:
     """Write ``spec``'s time column and period in their one canonical form: the column the reader finds when none
     is named, and the quarters the period selects (within a bundled sample's quarters, which every row has)."""
     from gpcore.data import SAMPLES
@@ -99,24 +99,21 @@ def _canonical_time(data: str, spec: dict) -> None:
     if info is not None and not quarter:
         quarter = info.default_quarter
     if spec.get("time") is None:
-        spec["time"] = _detected_time(_source_file(data))
+        spec["time"] = _detected_time(str(_source_file(data)), content)
     try:
         spec["quarter"] = canonical_period(quarter, known=info.quarters if info is not None else None)
     except DataError:  # a period no reader accepts identifies nothing it could read; keep it as written
         spec["quarter"] = quarter
 
 
-def _detected_time(path: Path) -> str | None:
-    st = path.stat()
-    return _detected_time_cached(str(path.resolve()), st.st_size, st.st_mtime_ns)
-
-
 @lru_cache(maxsize=64)
-def _detected_time_cached(path: str, size: int, mtime_ns: int) -> str | None:
+def _detected_time(path: str, content: str) -> str | None:
+    """The time column the reader finds in the file at ``path`` whose digest is ``content`` (the cache key: an edited
+    file is read again); None when it finds none or refuses the file (its runs fail there)."""
     from gpcore.data.readers import detected_time_column
     from gpcore.errors import DataError
 
     try:
         return detected_time_column(path)
-    except DataError:  # the reader refuses the file; its runs fail there, and no column is found here
+    except DataError:
         return None

@@ -36,17 +36,8 @@ def render(data, runs: list) -> None:
         f"The grid{at}. Columns: mean, sd, lower, upper, width in the target's original units and mean_t, sd_t, "
         "width_t in model space. GeoTIFF: one float32 band per column in the grid's own CRS (one pixel per cell)."
     )
-    name = f"{stem}-{quarter}" if quarter else stem
-    c = st.columns(3)
-    c[0].download_button("GeoTIFF", data=lambda: cache.export_grid_bytes(path, "geotiff", quarter),
-                         file_name=f"{name}.tif", mime="image/tiff", disabled=not has_grid, on_click="ignore",
-                         icon=":material/download:", key="w_dl_tif")
-    c[1].download_button("GeoJSON", data=lambda: cache.export_grid_bytes(path, "geojson", quarter),
-                         file_name=f"{name}.geojson", mime="application/geo+json", disabled=not has_grid,
-                         on_click="ignore", icon=":material/download:", key="w_dl_geojson")
-    c[2].download_button("CSV", data=lambda: cache.export_grid_bytes(path, "csv", quarter), file_name=f"{name}.csv",
-                         mime="text/csv", disabled=not has_grid, on_click="ignore", icon=":material/download:",
-                         key="w_dl_csv")
+    file_downloads(partial(cache.export_grid_bytes, path, quarter=quarter), f"{stem}-{quarter}" if quarter else stem,
+                   "{}", {"geotiff": "w_dl_tif", "geojson": "w_dl_geojson", "csv": "w_dl_csv"}, disabled=not has_grid)
     if has_grid and len(quarters) > 1:
         change_downloads(info, quarters, stem)
 
@@ -96,14 +87,23 @@ def change_downloads(info, quarters: list[str], stem: str) -> None:
     lo, hi = UNCERTAIN
     st.caption(f"{len(table):,} cells: {int((p >= hi).sum()):,} likely improved (P(improved) ≥ {hi:g}), "
                f"{int((p <= lo).sum()):,} likely worse (≤ {lo:g}), the others with an uncertain sign.")
-    name = f"{stem}-change-{t_from}-{t_to}"
-    c = st.columns(3)
-    for col, (label, fmt, suffix, mime) in zip(c, (("GeoTIFF", "geotiff", "tif", "image/tiff"),
-                                                   ("GeoJSON", "geojson", "geojson", "application/geo+json"),
-                                                   ("CSV", "csv", "csv", "text/csv")), strict=True):
-        col.download_button(f"Change ({label})", data=partial(decide_cache.change_file_bytes, *key, t_from, t_to, fmt),
-                            file_name=f"{name}.{suffix}", mime=mime, on_click="ignore", icon=":material/download:",
-                            key=f"w_dl_change_{fmt}")
+    file_downloads(partial(decide_cache.change_file_bytes, *key, t_from, t_to), f"{stem}-change-{t_from}-{t_to}",
+                   "Change ({})", {f: f"w_dl_change_{f}" for f in ("geotiff", "geojson", "csv")})
+
+
+#: ``format: (button label, file suffix, MIME type)`` of the map downloads
+FORMATS = {"geotiff": ("GeoTIFF", "tif", "image/tiff"), "geojson": ("GeoJSON", "geojson", "application/geo+json"),
+           "csv": ("CSV", "csv", "text/csv")}
+
+
+def file_downloads(make, name: str, label: str, keys: dict[str, str], disabled: bool = False) -> None:
+    """One download button per format of ``keys`` (``{format: widget key}``) in a row of three: ``make(format)`` gives
+    the file's bytes when the button is clicked, ``name`` its file name without suffix, ``label`` the button text
+    around the format's name."""
+    for col, (fmt, key) in zip(st.columns(3), keys.items(), strict=False):
+        text, suffix, mime = FORMATS[fmt]
+        col.download_button(label.format(text), data=partial(make, fmt), file_name=f"{name}.{suffix}", mime=mime,
+                            disabled=disabled, on_click="ignore", icon=":material/download:", key=key)
 
 
 def cli_command(cfg: dict) -> str:

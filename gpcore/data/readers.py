@@ -19,6 +19,7 @@ from gpcore.data._parsers import read_frame
 from gpcore.data._reproject import to_wgs84
 from gpcore.data._source import DEFAULT_MAX_BYTES, open_source
 from gpcore.data._validate import ReadContext, listing, missing_column, numeric_column, resolve_problems
+from gpcore.data.columns import read_table
 from gpcore.data.report import ReadReport, values_text
 from gpcore.data.transforms import get_transform
 from gpcore.errors import DataError
@@ -305,8 +306,7 @@ def detected_time_column(source) -> str | None:
 
     Reads the file as :func:`read_measurements` does with its defaults; raises :class:`DataError` as it would.
     """
-    src = open_source(source, None, DEFAULT_MAX_BYTES)
-    df, _, _ = read_frame(src, ReadReport(file=src.name), layer=None, sep=None, decimal=".")
+    df = read_table(source)
     df.columns = [str(c) for c in df.columns] if not isinstance(df, gpd.GeoDataFrame) else df.columns
     auto, vals = _auto_time(df)
     return auto if vals is not None else None
