@@ -6,7 +6,8 @@ spatial blocks (whole squares held out: test rows inside gaps). When the data se
 when it has one kind the page says so and shows the command that makes the other. Runs with time as an input
 tested on later quarters (``--split forecast --test-period``) are a third kind, "Forecast (<test period>)".
 Every coverage comes with two standard errors, by held-out block on a block split and binomial otherwise
-(:func:`gpcore.run.compare.coverage_bands`; docs/metrics.md, "Coverage and its band").
+(:func:`gpcore.run.compare.coverage_bands`; docs/metrics.md, "Coverage and its band"). Runs scored on other test
+rows (another split seed or data set) are ranked apart (:func:`test_rows`; docs/app.md, Compare).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def pick_runs(runs, data) -> tuple[list, str]:
     pool = [r for r in pool if bands.split_key(r) == kind]
     titles = cache.run_titles(pool)
     ids = [r.run_id for r in pool]
-    key = "w_cmp_runs" if kind == "random" else f"w_cmp_runs_{kind}"  # one choice of runs per split kind
+    # one choice of runs per split kind, and another with other data sets (turning them on shows them)
+    key = ("w_cmp_runs" if kind == "random" else f"w_cmp_runs_{kind}") + ("_all" if show_all else "")
     chosen = st.multiselect("Runs", ids, default=ids[:DEFAULT_RUNS], format_func=titles.get, key=key)
     by_id = {r.run_id: r for r in pool}
     return [by_id[i] for i in chosen], kind
@@ -143,6 +145,36 @@ def split_summary_table(runs) -> pd.DataFrame:
     })
 
 
+def data_title(config: dict) -> str:
+    """A run's data set in words, as the sidebar names the active one: ``"Puerto Rico - Ookla mobile, 2023 ·
+    download_mbps"`` (a bundled sample's label, else the file's name; the period; the target)."""
+    from pathlib import PurePath
+
+    from gpcore.data import SAMPLES
+
+    data = str(config.get("data") or "?")
+    key = data[len("sample:"):] if data.startswith("sample:") else None
+    base = SAMPLES[key].label.split(",")[0] if key in SAMPLES else PurePath(data).name
+    period = f", {config['quarter']}" if config.get("quarter") else ""
+    return f"{base}{period} · {config.get('y', '?')}"
+
+
+def test_rows(infos, data) -> dict[str, tuple[int, str]]:
+    """``{run_id: (order, title)}``: which test rows each run was scored on. Within one split kind two runs share
+    their test rows when they share the data set (:attr:`~gpcore.run.store.RunInfo.data_hash`) and the split's
+    seed; NLL, CRPS and coverage compare only between such runs, so the ranking ranks within each. ``order`` puts
+    the active data set first, then seeds upwards; ``title`` is ``""`` when every run shares one set of rows."""
+    key = {i.run_id: (i.data_hash, int(i.manifest.get("config", {}).get("seed", 0))) for i in infos}
+    if len(set(key.values())) < 2:
+        return {rid: (0, "") for rid in key}
+    several_data = len({h for h, _ in key.values()}) > 1
+    several_seeds = len({s for _, s in key.values()}) > 1
+    names = {key[i.run_id][0]: data_title(i.manifest.get("config", {})) if several_data else "" for i in infos}
+    ordered = sorted(set(key.values()), key=lambda k: (k[0] != data.data_hash, names[k[0]], k[0], k[1]))
+    titles = {k: " · ".join([names[k[0]]] * several_data + [f"seed {k[1]}"] * several_seeds) for k in ordered}
+    return {rid: (ordered.index(k), titles[k]) for rid, k in key.items()}
+
+
 def names_for(infos) -> dict[str, str]:
     """Short unique chart names: the model, plus the run's time (or "bundled") when a model repeats."""
     base = [i.model for i in infos]
@@ -177,6 +209,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         m.insert(0, "model", names[info.run_id])
         m.insert(1, "split", split_name(bands.split_key(info)))
         m["run"] = cache.run_title(info.run_id, info.manifest)
+        m["run_id"] = info.run_id
         metrics.append(bands.with_band(m, keys[info.run_id], info.manifest.get("config", {})))
     if not metrics:
         st.warning("The chosen runs have no metrics.")
@@ -186,15 +219,24 @@ def render(data: cache.LoadedData, runs: list) -> None:
         units = cache.st_run_data(*keys[infos[0].run_id]).t_units or "target units"
     except GPCoreError:
         units = "target units"
+    rows_of = test_rows(infos, data)
+    grouped = any(title for _, title in rows_of.values())
     st.caption(f"Metrics on each run's test split, in the space the models train in ({units}); "
                "ranked by overall NLL (lower is better). Coverage target: 95%.")
-    overall = table[table.group == "all"].sort_values("nll").reset_index(drop=True)
-    overall.insert(0, "rank", np.arange(1, len(overall) + 1))
+    group_col = ["test rows"] if grouped else []  # NLLs on different test rows do not compare: one ranking each
+    table = table.assign(**{"test rows": table["run_id"].map(lambda rid: rows_of[rid][1]),
+                            "_g": table["run_id"].map(lambda rid: rows_of[rid][0])})
+    overall = table[table.group == "all"].sort_values(["_g", "nll"]).reset_index(drop=True)
+    overall.insert(0, "rank", overall.groupby("_g").cumcount() + 1)
     st.subheader("Ranking")
     st.markdown(split_caption(kind))
     st.caption(bands.band_caption(kind))
-    st.dataframe(charts.format_metrics(overall[["rank", "model", "split", *[c for c in METRIC_COLS if c in overall],
-                                                "run"]]),
+    if grouped:
+        st.warning(f"These runs were scored on {overall['_g'].nunique()} different sets of test rows (other data "
+                   "sets or split seeds), and a metric only compares on the same rows: the ranking restarts for "
+                   "each set ('test rows').")
+    st.dataframe(charts.format_metrics(overall[["rank", *group_col, "model", "split",
+                                                *[c for c in METRIC_COLS if c in overall], "run"]]),
                  hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     from gpcore.run.pipeline import NO_RECAL
 
@@ -204,8 +246,9 @@ def render(data: cache.LoadedData, runs: list) -> None:
     if not per.empty:
         st.subheader("Per stratum")
         order = {m: i for i, m in enumerate(overall["model"])}
-        per = per.assign(_o=per["model"].map(order)).sort_values(["group", "_o"]).drop(columns="_o")
-        st.dataframe(charts.format_metrics(per[["group", "model", "split", *[c for c in METRIC_COLS if c in per]]]),
+        per = per.assign(_o=per["model"].map(order)).sort_values(["group", "_g", "_o"]).drop(columns="_o")
+        st.dataframe(charts.format_metrics(per[["group", *group_col, "model", "split",
+                                                *[c for c in METRIC_COLS if c in per]]]),
                      hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
@@ -216,7 +259,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         how += [f"{', '.join(cv)}: latent variance scaled by cross-validation over the labelled rows"] if cv else []
         st.subheader("Without recalibration")
         st.caption(f"{'; '.join(how)} (the tables above); here the same test rows before that.")
-        st.dataframe(charts.format_metrics(before[["group", "model", "split",
+        st.dataframe(charts.format_metrics(before[["group", *group_col, "model", "split",
                                                    *[c for c in METRIC_COLS if c in before and c != "two_se"]]]),
                      hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
     on_data = [r for r in runs if r.data_hash == data.data_hash]

@@ -130,3 +130,31 @@ def test_coverage_carries_the_band_of_its_split_in_the_tables_and_the_chart(spli
     overall = next(t for t in bars["data"] if t["name"] in ("all", "All", "overall", "Overall"))
     errors = dict(zip(overall["x"], overall["error_y"]["array"], strict=True))
     assert errors["dbk-rbf"] == pytest.approx(by_block, rel=1e-9)
+
+
+def test_runs_on_other_test_rows_are_ranked_apart(trained_store, tmp_path, monkeypatch):
+    """With 'Include runs on other data sets' the ranking never sets an NLL on one set of test rows above one on
+    another: runs on Puerto Rico 2023 and on 2022Q4 (and the seed-1 run) are ranked within their own rows."""
+    from gpcore.run.pipeline import execute_run
+
+    store = use_store(trained_store, tmp_path, monkeypatch)
+    other = "20240101-000004-000-dbk-rbf-2022q4"
+    execute_run(tiny_config("dbk-rbf", quarter="2022Q4", grid_kind="none", label="dbk-rbf 2022Q4"), store / other)
+    at = compare_page(store)
+    assert set(at.dataframe[0].value["model"]) == {"dbk-rbf", "dbk-silu"}, "other data stays out by default"
+    assert [w.value for w in at.warning if "sets of test rows" in w.value][0].startswith("These runs were scored on 2 ")
+    at.toggle(key="w_cmp_all").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    ranking = at.dataframe[0].value
+    rows = {r: overall_nll(store, r) for r in ("20240101-000000-000-dbk-rbf", "20240101-000001-000-dbk-silu", other)}
+    got = {(t, m): (int(k), float(v)) for t, m, k, v in ranking[["test rows", "model", "rank", "nll"]].itertuples(
+        index=False)}
+    # the active data set's rows first (seed 0, then seed 1), then the other data set's; each ranked from 1
+    assert list(ranking["test rows"]) == ["Puerto Rico - Ookla mobile, 2023 · download_mbps · seed 0",
+                                          "Puerto Rico - Ookla mobile, 2023 · download_mbps · seed 1",
+                                          "Puerto Rico - Ookla mobile, 2022Q4 · download_mbps · seed 0"], ranking
+    assert [k for k, _ in got.values()] == [1, 1, 1]
+    assert [round(v, 4) for _, v in got.values()] == [round(v, 4) for v in rows.values()]
+    assert any("3 different sets of test rows" in w.value for w in at.warning)
+    per = at.dataframe[1].value
+    assert "test rows" in per.columns and set(per["test rows"]) == set(ranking["test rows"])

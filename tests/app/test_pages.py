@@ -150,7 +150,11 @@ def test_compare_draws_violins_for_two_runs(app, store):
     assert {"metro (urban)", "non-metro (rural)"} <= strata, strata
     ranking = app.dataframe[0].value
     n = n_runs("random")  # the page compares one test-split kind at a time, random first
-    assert len(ranking) == n and list(ranking["rank"]) == list(range(1, n + 1))
+    # dbk-silu's split seed is 1, the others' 0: other test rows, so a ranking of its own after seed 0's
+    assert len(ranking) == n and list(ranking["test rows"]) == ["seed 0"] * (n - 1) + ["seed 1"]
+    assert list(ranking["rank"]) == [*range(1, n), 1] and ranking["model"].iloc[-1].startswith("dbk-silu")
+    assert ranking["nll"].iloc[:-1].astype(float).is_monotonic_increasing
+    assert any("2 different sets of test rows" in w.value for w in app.warning)
     assert set(ranking["split"]) == {"Random"}
     assert {"mae", "rmse", "nll", "crps", "coverage", "pi_width_mean"} <= set(ranking.columns)
     # strata runs are recalibrated per stratum: the page shows their metrics before recalibration too
