@@ -26,8 +26,9 @@ METRIC_COLS = ["n", "mae", "rmse", "nll", "crps", "coverage", "two_se", "pi_widt
                "predict_seconds"]
 #: Runs compared on first open (newest first, then the bundled ones: all ten of a fresh install's two kinds fit).
 DEFAULT_RUNS = 8
-#: The tables' split column wide enough to read "Spatial blocks (10 km)" whole.
-SPLIT_COLUMN = {"split": st.column_config.TextColumn("split", width="medium")}
+#: The tables' split column wide enough to read "Spatial blocks (10 km)" whole, and the test rows' names.
+COLUMN_WIDTHS = {"split": st.column_config.TextColumn("split", width="medium"),
+                 "test rows": st.column_config.TextColumn("test rows", width="large")}
 
 
 def pick_runs(runs, data) -> tuple[list, str]:
@@ -145,33 +146,39 @@ def split_summary_table(runs) -> pd.DataFrame:
     })
 
 
-def data_title(config: dict) -> str:
-    """A run's data set in words, as the sidebar names the active one: ``"Puerto Rico - Ookla mobile, 2023 ·
-    download_mbps"`` (a bundled sample's label, else the file's name; the period; the target)."""
+def data_parts(config: dict, seed: int) -> dict[str, str]:
+    """What fixes a run's test rows and their scale, in words: the data (a bundled sample's label, else the file's
+    name), the period, the target with its transform, strata, weights and the split's seed."""
     from pathlib import PurePath
 
     from gpcore.data import SAMPLES
 
     data = str(config.get("data") or "?")
     key = data[len("sample:"):] if data.startswith("sample:") else None
-    base = SAMPLES[key].label.split(",")[0] if key in SAMPLES else PurePath(data).name
-    period = f", {config['quarter']}" if config.get("quarter") else ""
-    return f"{base}{period} · {config.get('y', '?')}"
+    return {"data": SAMPLES[key].label.split(",")[0] if key in SAMPLES else PurePath(data).name,
+            "period": str(config.get("quarter") or "all quarters"),
+            "target": f"{config.get('y', '?')} ({config.get('transform') or 'identity'})",
+            "strata": f"strata {config.get('strata') or 'none'}",
+            "weights": f"weights {config.get('weight') or 'none'}",
+            "seed": f"seed {seed}"}
 
 
 def test_rows(infos, data) -> dict[str, tuple[int, str]]:
     """``{run_id: (order, title)}``: which test rows each run was scored on. Within one split kind two runs share
     their test rows when they share the data set (:attr:`~gpcore.run.store.RunInfo.data_hash`) and the split's
-    seed; NLL, CRPS and coverage compare only between such runs, so the ranking ranks within each. ``order`` puts
-    the active data set first, then seeds upwards; ``title`` is ``""`` when every run shares one set of rows."""
+    seed; NLL, CRPS and coverage compare only between such runs, so the ranking ranks within each. ``title`` names
+    what differs between the sets (:func:`data_parts`: ``"2023 · seed 1"``), ``""`` when every run shares one;
+    ``order`` puts the active data set first."""
     key = {i.run_id: (i.data_hash, int(i.manifest.get("config", {}).get("seed", 0))) for i in infos}
     if len(set(key.values())) < 2:
         return {rid: (0, "") for rid in key}
-    several_data = len({h for h, _ in key.values()}) > 1
-    several_seeds = len({s for _, s in key.values()}) > 1
-    names = {key[i.run_id][0]: data_title(i.manifest.get("config", {})) if several_data else "" for i in infos}
-    ordered = sorted(set(key.values()), key=lambda k: (k[0] != data.data_hash, names[k[0]], k[0], k[1]))
-    titles = {k: " · ".join([names[k[0]]] * several_data + [f"seed {k[1]}"] * several_seeds) for k in ordered}
+    parts = {key[i.run_id]: data_parts(i.manifest.get("config", {}), key[i.run_id][1]) for i in infos}
+    differ = [name for name in next(iter(parts.values())) if len({p[name] for p in parts.values()}) > 1]
+    titles = {k: " · ".join(p[name] for name in differ) for k, p in parts.items()}
+    if len(set(titles.values())) < len(titles):  # alike in every part named: the data sets' identities tell
+        titles = {k: " · ".join(filter(None, [t, f"data {k[0][:8]}"])) for k, t in titles.items()}
+    ordered = sorted(titles, key=lambda k: (k[0] != data.data_hash, [parts[k][n] for n in differ if n != "seed"],
+                                            k[1]))
     return {rid: (ordered.index(k), titles[k]) for rid, k in key.items()}
 
 
@@ -237,7 +244,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
                    "each set ('test rows').")
     st.dataframe(charts.format_metrics(overall[["rank", *group_col, "model", "split",
                                                 *[c for c in METRIC_COLS if c in overall], "run"]]),
-                 hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
+                 hide_index=True, width="stretch", column_config=COLUMN_WIDTHS)
     from gpcore.run.pipeline import NO_RECAL
 
     is_before = table.group.astype(str).str.endswith(NO_RECAL)
@@ -249,7 +256,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         per = per.assign(_o=per["model"].map(order)).sort_values(["group", "_g", "_o"]).drop(columns="_o")
         st.dataframe(charts.format_metrics(per[["group", *group_col, "model", "split",
                                                 *[c for c in METRIC_COLS if c in per]]]),
-                     hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
+                     hide_index=True, width="stretch", column_config=COLUMN_WIDTHS)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
         from gpcore.models.vecchia_cv import applied  # the one check of a cross-validated scale
@@ -261,7 +268,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         st.caption(f"{'; '.join(how)} (the tables above); here the same test rows before that.")
         st.dataframe(charts.format_metrics(before[["group", *group_col, "model", "split",
                                                    *[c for c in METRIC_COLS if c in before and c != "two_se"]]]),
-                     hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
+                     hide_index=True, width="stretch", column_config=COLUMN_WIDTHS)
     on_data = [r for r in runs if r.data_hash == data.data_hash]
     summary = split_summary_table(on_data)
     if not summary.empty:
@@ -269,7 +276,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
         st.caption("Each model's newest run on this data set per test split: overall test NLL and 95% coverage, and "
                    "the change (blocks − random). Coverage that drops on blocks means intervals calibrated only "
                    "between measurements.")
-        st.dataframe(summary, hide_index=True, width="stretch", column_config=SPLIT_COLUMN)
+        st.dataframe(summary, hide_index=True, width="stretch", column_config=COLUMN_WIDTHS)
 
     tests = []
     for info in infos:
