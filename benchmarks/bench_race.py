@@ -232,6 +232,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
     stderr(f"{key}: {prep.source_label}, train/val/test {len(tr)}/{len(va)}/{len(te)} ({cfg.split} split, "
            f"seed {cfg.seed}), weights {cfg.weight or 'none'}, strata {cfg.strata or 'none'}")
     rows = []
+    keep = _test_rows_keeper(args, key, cfg, y[te], g_te, b_te)
     wkw = {} if w is None else {"weights": w[tr], "val_weights": w[va], "test_weights": w[te]}
     for name in models:
         extra = {**(smoke_settings(name) if smoke else {}), **sets.get(name, {})}
@@ -239,6 +240,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr), b_te))
+        keep(name, wlabel, r["mean"], r["var_y"])
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
                f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]) + cv_text(r["model"]))
         if z is not None:
@@ -274,6 +276,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
                                 weights_pred=None if ww is None else ww[te])
             rows.append(score(key, GPBOOST, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(lab),
                               b_te))
+            keep(GPBOOST, wlabel, r["mean"], r["var_y"])
             stderr(f"  {GPBOOST} (weights {wlabel}): fit {r['fit_seconds']:.1f} s, test NLL {rows[-1]['nll']:.4f}, "
                    f"parameters {r['cov_pars']}")
             if z is not None:
@@ -291,6 +294,70 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         r["dnll"] = r["nll"] - ref[0] if ref else float("nan")
         r["dnll_w"] = r["nll"] - ref_w[0] if ref_w else float("nan")
     return rows
+
+
+def _test_rows_keeper(args, key: str, cfg: RunConfig, y, strata, blocks):
+    """``keep(model, weights, mean, var_y)``: with ``--tests-out DIR``, write one model's test predictions to
+    ``DIR/<data>-<split>-seed<seed>-<model>-<weights or none>.parquet`` (``y``, ``mean``, ``var_y``, ``stratum``,
+    ``block``) for :func:`pool`; else nothing."""
+    if not getattr(args, "tests_out", None):
+        return lambda *a: None
+    out = Path(args.tests_out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def keep(model: str, weights: str, mean, var_y) -> None:
+        frame = pd.DataFrame({"y": y, "mean": mean, "var_y": var_y,
+                              "stratum": strata.astype(str) if strata is not None else "all",
+                              "block": blocks if blocks is not None else np.arange(len(y))})
+        name = f"{key}-{cfg.split}-seed{cfg.seed}-{model.replace(' ', '_')}-{'none' if weights == '-' else weights}"
+        frame.to_parquet(out / f"{name}.parquet", index=False)
+
+    return keep
+
+
+def pool(paths, out: str | None = None) -> pd.DataFrame:
+    """Coverage pooled over the test rows of several splits (``--tests-out`` files, one per data set, split seed,
+    model and weights): per data set, split kind, model, weights and stratum, the pooled 95 % coverage with two
+    binomial SEs and two SEs by held-out block (a block is one split's: blocks of different seeds are different
+    clusters), how many splits and how many of them were within two binomial SEs on their own."""
+    frames = []
+    for path in paths:
+        stem = Path(path).stem
+        data, split, seed, rest = stem.split("-", 3)
+        model, weights = rest.rsplit("-", 1)
+        f = pd.read_parquet(path)
+        f["data"], f["split"], f["seed"], f["model"], f["weights"] = data, split, int(seed[4:]), model, weights
+        frames.append(f)
+    if not frames:
+        raise SystemExit("--pool: no files given")
+    rows = []
+    for keys, part in pd.concat(frames, ignore_index=True).groupby(["data", "split", "model", "weights"]):
+        strata = [("all", part)] + [(s, q) for s, q in part.groupby("stratum")] * (part["stratum"].nunique() > 1)
+        for stratum, q in strata:
+            groups = q["seed"].astype(str) + ":" + q["block"].astype(str)
+            band = M.coverage_band(q["mean"], q["var_y"], q["y"], groups=groups.to_numpy())
+            alone = [abs(b["coverage"] - 0.95) <= b["two_se"] for _, r in q.groupby("seed")
+                     for b in [M.coverage_band(r["mean"], r["var_y"], r["y"])]]
+            rows.append({"data": keys[0], "split": keys[1], "model": keys[2], "weights": keys[3], "stratum": stratum,
+                         "n": len(q), "splits": q["seed"].nunique(), "coverage": band["coverage"],
+                         "two_se": band["two_se"], "two_se_blocks": band["two_se_groups"],
+                         "within_binomial": abs(band["coverage"] - 0.95) <= band["two_se"],
+                         "within_blocks": abs(band["coverage"] - 0.95) <= band["two_se_groups"],
+                         "splits_within_binomial": int(np.sum(alone))})
+    df = pd.DataFrame(rows)
+    lines = ["| data | split | model | weights | stratum | test rows (splits) | pooled coverage ± 2 binomial SEs | "
+             "± 2 SEs by block | splits within 2 binomial SEs alone |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in df.itertuples():
+        lines.append(f"| {r.data} | {r.split} | {r.model} | {r.weights} | {r.stratum} | {r.n:,} ({r.splits}) | "
+                     f"{band_text_pct(r.coverage, r.two_se)} | {band_text_pct(r.coverage, r.two_se_blocks)} | "
+                     f"{r.splits_within_binomial} of {r.splits} |")
+    report("Coverage pooled over splits (bench_race.py --pool)", "\n".join(lines), df, out)
+    return df
+
+
+def band_text_pct(cov: float, two_se: float) -> str:
+    """``"95.3 ± 0.4"`` in %, with ``✗`` when further than ``two_se`` from 95 %."""
+    return f"{100 * cov:.1f} {band_text(cov, two_se)}"
 
 
 def markdown(df: pd.DataFrame) -> str:
@@ -321,8 +388,14 @@ def main(argv=None) -> int:
     ap.add_argument("--boxcox", default="", metavar="LAMBDA",
                     help="also fit every model on the Box-Cox scale (y^LAMBDA - 1) / LAMBDA of the original target, "
                          "scored on the log10 scale (NLL with the Jacobian); 'auto': LAMBDA by the validation rows")
+    ap.add_argument("--tests-out", metavar="DIR", help="also write each fit's test predictions here (for --pool)")
+    ap.add_argument("--pool", nargs="+", metavar="FILE",
+                    help="only pool --tests-out files of several splits: coverage per stratum over all their rows")
     add_race_args(ap)
     args = ap.parse_args(argv)
+    if args.pool:
+        pool(args.pool, args.out)
+        return 0
     models, sets = start(args.models, args.set)
     if args.boxcox not in ("", "auto"):
         try:
@@ -335,9 +408,12 @@ def main(argv=None) -> int:
             args.subsample = args.subsample or 600
             args.recalibrate = "group" if args.recalibrate == "none" else args.recalibrate
             args.boxcox = args.boxcox or "auto"
+            args.tests_out = args.tests_out or str(Path(tmp) / "tests")  # and pool them, as --pool does
         for key, cfg in race_configs(args.data, args.smoke, Path(tmp)):
             cfg = dataclasses.replace(cfg, split=args.split, block_km=args.block_km, seed=args.seed)
             rows += race_dataset(key, cfg, models, sets, args, smoke=args.smoke)
+        if args.smoke:
+            pool(sorted(Path(args.tests_out).glob("*.parquet")))
     if not rows:
         print("nothing to run")
         return 0
