@@ -31,6 +31,17 @@ MAP_KINDS = ("mean", "width", "data", "exceed", "change")  # change: runs with t
 SAMPLE_PREFIX = "sample:"
 
 
+def data_name(source: str) -> str:
+    """A data source in words: a bundled sample's short label (``"sample:puerto_rico"`` → ``"Puerto Rico - Ookla
+    mobile"``), else the file's name (of a ``DatasetSpec.source`` or of a run configuration's ``data`` path)."""
+    from pathlib import PurePath
+
+    from gpcore.data import SAMPLES
+
+    key = source[len(SAMPLE_PREFIX):] if source.startswith(SAMPLE_PREFIX) else None
+    return SAMPLES[key].label.split(",")[0] if key in SAMPLES else PurePath(source).name
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """Everything that defines the active data set (mirrors the data part of ``RunConfig``).
@@ -62,14 +73,8 @@ class DatasetSpec:
         return self.source.rsplit("/", 1)[-1]
 
     def label(self) -> str:
-        from gpcore.data import SAMPLES
-
-        if self.sample_key in SAMPLES:
-            base = SAMPLES[self.sample_key].label.split(",")[0]
-        else:
-            base = self.file_name
         period = f", {self.quarter}" if self.quarter else ""
-        return f"{base}{period}"
+        return f"{data_name(self.source)}{period}"
 
     # ------------------------------------------------------------------ gpcore
     def run_config(self, model: str | None = None, settings: dict | None = None, **run) -> object:

@@ -149,13 +149,7 @@ def split_summary_table(runs) -> pd.DataFrame:
 def data_parts(config: dict, seed: int) -> dict[str, str]:
     """What fixes a run's test rows and their scale, in words: the data (a bundled sample's label, else the file's
     name), the period, the target with its transform, strata, weights and the split's seed."""
-    from pathlib import PurePath
-
-    from gpcore.data import SAMPLES
-
-    data = str(config.get("data") or "?")
-    key = data[len("sample:"):] if data.startswith("sample:") else None
-    return {"data": SAMPLES[key].label.split(",")[0] if key in SAMPLES else PurePath(data).name,
+    return {"data": state.data_name(str(config.get("data") or "?")),
             "period": str(config.get("quarter") or "all quarters"),
             "target": f"{config.get('y', '?')} ({config.get('transform') or 'identity'})",
             "strata": f"strata {config.get('strata') or 'none'}",
