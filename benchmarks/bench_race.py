@@ -315,11 +315,13 @@ def _test_rows_keeper(args, key: str, cfg: RunConfig, y, strata, blocks):
     return keep
 
 
-def pool(paths, out: str | None = None) -> pd.DataFrame:
+def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
     """Coverage pooled over the test rows of several splits (``--tests-out`` files, one per data set, split seed,
     model and weights): per data set, split kind, model, weights and stratum, the pooled 95 % coverage with two
     binomial SEs and two SEs by held-out block (a block is one split's: blocks of different seeds are different
-    clusters), how many splits and how many of them were within two binomial SEs on their own."""
+    clusters), how many splits, and of those where the stratum has at least ``min_rows`` test rows (the issue's
+    bar judges those) how many were within two binomial SEs on their own; on the overall row also on how many splits
+    the overall coverage and every such stratum were (the bar's letter on one split)."""
     frames = []
     for path in paths:
         stem = Path(path).stem
@@ -331,26 +333,37 @@ def pool(paths, out: str | None = None) -> pd.DataFrame:
     if not frames:
         raise SystemExit("--pool: no files given")
     rows = []
+
+    def within(r) -> bool:  # one split's rows of one stratum within two binomial SEs of 95 %
+        b = M.coverage_band(r["mean"], r["var_y"], r["y"])
+        return abs(b["coverage"] - 0.95) <= b["two_se"]
+
     for keys, part in pd.concat(frames, ignore_index=True).groupby(["data", "split", "model", "weights"]):
         strata = [("all", part)] + [(s, q) for s, q in part.groupby("stratum")] * (part["stratum"].nunique() > 1)
+        # the bar's letter on each split: overall and every stratum with >= min_rows test rows within two SEs
+        whole = [within(r) and all(within(g) for _, g in r.groupby("stratum") if len(g) >= min_rows)
+                 for _, r in part.groupby("seed")]
         for stratum, q in strata:
             groups = q["seed"].astype(str) + ":" + q["block"].astype(str)
             band = M.coverage_band(q["mean"], q["var_y"], q["y"], groups=groups.to_numpy())
-            alone = [abs(b["coverage"] - 0.95) <= b["two_se"] for _, r in q.groupby("seed")
-                     for b in [M.coverage_band(r["mean"], r["var_y"], r["y"])]]
+            alone = [within(r) for _, r in q.groupby("seed") if len(r) >= min_rows]
             rows.append({"data": keys[0], "split": keys[1], "model": keys[2], "weights": keys[3], "stratum": stratum,
                          "n": len(q), "splits": q["seed"].nunique(), "coverage": band["coverage"],
                          "two_se": band["two_se"], "two_se_blocks": band["two_se_groups"],
                          "within_binomial": abs(band["coverage"] - 0.95) <= band["two_se"],
                          "within_blocks": abs(band["coverage"] - 0.95) <= band["two_se_groups"],
-                         "splits_within_binomial": int(np.sum(alone))})
+                         "splits_judged": len(alone), "splits_within_binomial": int(np.sum(alone)),
+                         "splits_every_stratum_within": int(np.sum(whole)) if stratum == "all" else None})
     df = pd.DataFrame(rows)
     lines = ["| data | split | model | weights | stratum | test rows (splits) | pooled coverage ± 2 binomial SEs | "
-             "± 2 SEs by block | splits within 2 binomial SEs alone |", "|---|---|---|---|---|---|---|---|---|"]
+             f"± 2 SEs by block | splits within 2 binomial SEs alone (of those with ≥ {min_rows} rows) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         lines.append(f"| {r.data} | {r.split} | {r.model} | {r.weights} | {r.stratum} | {r.n:,} ({r.splits}) | "
                      f"{band_text_pct(r.coverage, r.two_se)} | {band_text_pct(r.coverage, r.two_se_blocks)} | "
-                     f"{r.splits_within_binomial} of {r.splits} |")
+                     + (f"{r.splits_within_binomial} of {r.splits_judged}" if r.splits_judged else "–")
+                     + (f" (all strata too: {int(r.splits_every_stratum_within)} of {r.splits})" if r.stratum == "all"
+                        else "") + " |")
     report("Coverage pooled over splits (bench_race.py --pool)", "\n".join(lines), df, out)
     return df
 
