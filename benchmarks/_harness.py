@@ -79,7 +79,7 @@ def fit_predict(name: str, settings: dict, X, y, X_val, y_val, X_test, *, weight
 
     With ``weights`` a model that supports them (``GPModel.supports_weights``) is fitted weighted and each
     test row is predicted for its own ``test_weights`` count; a model that does not is fitted unweighted.
-    Returns ``{"mean", "var_y", "fit_seconds", "predict_seconds", "weighted", "epochs", "model"}``.
+    Returns ``{"mean", "var_f", "var_y", "fit_seconds", "predict_seconds", "weighted", "epochs", "model"}``.
     """
     model = make_model(name, **{"seed": seed, **settings})
     weighted = weights is not None and model.supports_weights
@@ -91,7 +91,8 @@ def fit_predict(name: str, settings: dict, X, y, X_val, y_val, X_test, *, weight
     fit_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     pred = model.predict(X_test, weights=test_weights if weighted else None, groups=test_groups)
-    return {"mean": np.asarray(pred.mean), "var_y": np.asarray(pred.var_y), "fit_seconds": fit_s,
+    return {"mean": np.asarray(pred.mean), "var_f": np.asarray(pred.var_f), "var_y": np.asarray(pred.var_y),
+            "fit_seconds": fit_s,
             "predict_seconds": time.perf_counter() - t0, "weighted": weighted,
             "epochs": getattr(model, "train_info_", {}).get("epochs_run"), "model": model}
 

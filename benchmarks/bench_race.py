@@ -240,7 +240,7 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
         rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr), b_te))
-        keep(name, wlabel, r["mean"], r["var_y"])
+        keep(name, wlabel, r["mean"], r["var_y"], r["var_f"])
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
                f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]) + cv_text(r["model"]))
         if z is not None:
@@ -297,16 +297,16 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
 
 
 def _test_rows_keeper(args, key: str, cfg: RunConfig, y, strata, blocks):
-    """``keep(model, weights, mean, var_y)``: with ``--tests-out DIR``, write one model's test predictions to
-    ``DIR/<data>-<split>-seed<seed>-<model>-<weights or none>.parquet`` (``y``, ``mean``, ``var_y``, ``stratum``,
-    ``block``) for :func:`pool`; else nothing."""
+    """``keep(model, weights, mean, var_y, var_f)``: with ``--tests-out DIR``, write one model's test predictions to
+    ``DIR/<data>-<split>-seed<seed>-<model>-<weights or none>.parquet`` (``y``, ``mean``, ``var_y``, ``var_f``: the
+    latent part, NaN for a peer; ``stratum``, ``block``) for :func:`pool`; else nothing."""
     if not getattr(args, "tests_out", None):
         return lambda *a: None
     out = Path(args.tests_out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def keep(model: str, weights: str, mean, var_y) -> None:
-        frame = pd.DataFrame({"y": y, "mean": mean, "var_y": var_y,
+    def keep(model: str, weights: str, mean, var_y, var_f=None) -> None:
+        frame = pd.DataFrame({"y": y, "mean": mean, "var_y": var_y, "var_f": np.nan if var_f is None else var_f,
                               "stratum": strata.astype(str) if strata is not None else "all",
                               "block": blocks if blocks is not None else np.arange(len(y))})
         name = f"{key}-{cfg.split}-seed{cfg.seed}-{model.replace(' ', '_')}-{'none' if weights == '-' else weights}"
@@ -317,7 +317,8 @@ def _test_rows_keeper(args, key: str, cfg: RunConfig, y, strata, blocks):
 
 def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
     """Coverage pooled over the test rows of several splits (``--tests-out`` files, one per data set, split seed,
-    model and weights): per data set, split kind, model, weights and stratum, the pooled 95 % coverage with two
+    model and weights): per data set, split kind, model, weights and stratum, the NLL of all the rows (the mean over
+    the splits' test rows), the pooled 95 % coverage with two
     binomial SEs and two SEs by held-out block (a block is one split's: blocks of different seeds are different
     clusters), how many splits, and of those where the stratum has at least ``min_rows`` test rows (the issue's
     bar judges those) how many were within two binomial SEs on their own; on the overall row also on how many splits
@@ -348,18 +349,20 @@ def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
             band = M.coverage_band(q["mean"], q["var_y"], q["y"], groups=groups.to_numpy())
             alone = [within(r) for _, r in q.groupby("seed") if len(r) >= min_rows]
             rows.append({"data": keys[0], "split": keys[1], "model": keys[2], "weights": keys[3], "stratum": stratum,
-                         "n": len(q), "splits": q["seed"].nunique(), "coverage": band["coverage"],
+                         "n": len(q), "splits": q["seed"].nunique(), "nll": M.nll(q["mean"], q["var_y"], q["y"]),
+                         "coverage": band["coverage"],
                          "two_se": band["two_se"], "two_se_blocks": band["two_se_groups"],
                          "within_binomial": abs(band["coverage"] - 0.95) <= band["two_se"],
                          "within_blocks": abs(band["coverage"] - 0.95) <= band["two_se_groups"],
                          "splits_judged": len(alone), "splits_within_binomial": int(np.sum(alone)),
                          "splits_every_stratum_within": int(np.sum(whole)) if stratum == "all" else None})
     df = pd.DataFrame(rows)
-    lines = ["| data | split | model | weights | stratum | test rows (splits) | pooled coverage ± 2 binomial SEs | "
-             f"± 2 SEs by block | splits within 2 binomial SEs alone (of those with ≥ {min_rows} rows) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| data | split | model | weights | stratum | test rows (splits) | NLL | pooled coverage ± 2 binomial "
+             f"SEs | ± 2 SEs by block | splits within 2 binomial SEs alone (of those with ≥ {min_rows} rows) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         lines.append(f"| {r.data} | {r.split} | {r.model} | {r.weights} | {r.stratum} | {r.n:,} ({r.splits}) | "
+                     f"{r.nll:.4f} | "
                      f"{band_text_pct(r.coverage, r.two_se)} | {band_text_pct(r.coverage, r.two_se_blocks)} | "
                      + (f"{r.splits_within_binomial} of {r.splits_judged}" if r.splits_judged else "–")
                      + (f" (all strata too: {int(r.splits_every_stratum_within)} of {r.splits})" if r.stratum == "all"
