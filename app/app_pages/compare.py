@@ -7,7 +7,9 @@ when it has one kind the page says so and shows the command that makes the other
 tested on later quarters (``--split forecast --test-period``) are a third kind, "Forecast (<test period>)".
 Every coverage comes with two standard errors, by held-out block on a block split and binomial otherwise
 (:func:`gpcore.run.compare.coverage_bands`; docs/metrics.md, "Coverage and its band"). Runs scored on other test
-rows (another split seed or data set) are ranked apart (:func:`test_rows`; docs/app.md, Compare).
+rows (another split seed or data set) are ranked apart (:func:`test_rows`; docs/app.md, Compare), and models on
+several split seeds are compared paired on the seeds they share (:func:`seeds_section`; docs/metrics.md, "Several
+split seeds").
 """
 
 from __future__ import annotations
@@ -176,6 +178,61 @@ def test_rows(infos, data) -> dict[str, tuple[int, str]]:
     return {rid: (ordered.index(k), titles[k]) for rid, k in key.items()}
 
 
+def model_labels(infos) -> dict[str, str]:
+    """``{run_id: label}`` naming a model with its settings, the same for its runs on every seed: the model's name,
+    plus the settings that set it apart from another run of that model (``"dbk-nn (neighbors=50)"``)."""
+    import json
+
+    settings = {i.run_id: i.manifest.get("config", {}).get("settings") or {} for i in infos}
+    by_model: dict[str, set] = {}
+    for i in infos:
+        by_model.setdefault(i.model, set()).add(json.dumps(settings[i.run_id], sort_keys=True, default=str))
+    out = {}
+    for i in infos:
+        kinds = [json.loads(k) for k in by_model[i.model]]
+        own = settings[i.run_id]
+        differ = sorted({k for other in kinds for k in {*other, *own} if other.get(k) != own.get(k)})
+        bits = ", ".join(f"{k}={own.get(k, 'default')}" for k in differ)
+        out[i.run_id] = f"{i.model} ({bits})" if bits else i.model
+    return out
+
+
+def seeds_section(infos, overall: pd.DataFrame) -> None:
+    """"Across split seeds": each model paired over the split seeds the chosen runs share on one data set
+    (:func:`gpcore.run.compare.seed_summary`), when they span two seeds or more."""
+    from gpcore.run.compare import seed_summary
+
+    labels = model_labels(infos)
+    info_of = {i.run_id: i for i in infos}
+    runs = overall.assign(model=overall["run_id"].map(labels),
+                          seed=overall["run_id"].map(lambda r: int(info_of[r].manifest["config"].get("seed", 0))),
+                          data=overall["run_id"].map(lambda r: info_of[r].data_hash))
+    for _, part in runs.groupby("data", sort=False):
+        part = part.drop_duplicates(["model", "seed"])  # newest first: one run per model and seed
+        if part["seed"].nunique() < 2:
+            continue
+        summary, left_out = seed_summary(part)
+        if len(summary) < 2:  # one model over its seeds is no comparison
+            continue
+        st.subheader("Across split seeds")
+        title = " · ".join(x for x in str(part["test rows"].iloc[0]).split(" · ") if x and not x.startswith("seed "))
+        st.caption(f"{title + ': e' if title else 'E'}ach model over the {int(summary['seeds'].iloc[0])} split seeds "
+                   "all of them were tested on: one split's ranking is one draw, and another seed holds out other "
+                   "rows. Mean NLL and CRPS over the seeds, the coverage of all their test rows (± 2 binomial SEs, "
+                   "rows taken as independent), the paired NLL difference to the best model (± 2 SEs of the mean "
+                   "difference) and on how many seeds each was best."
+                   + (f" Left out (too few seeds in common): {', '.join(left_out)}." if left_out else ""))
+        table = summary.rename(columns={"nll": "mean nll", "crps": "mean crps", "best_on": "best on (seeds)"})
+        table["mean nll"] = table["mean nll"].map("{:.4f}".format)
+        table["mean crps"] = table["mean crps"].map("{:.4f}".format)
+        table["ΔNLL vs best"] = ["best" if i == 0 else f"{d:+.4f} ± {e:.4f}" for i, (d, e) in
+                                 enumerate(zip(summary["nll_vs_best"], summary["nll_vs_best_2se"], strict=True))]
+        table["coverage"] = [f"{100 * c:.1f}% ± {100 * e:.1f}" for c, e in zip(summary["coverage"], summary["two_se"],
+                                                                             strict=True)]
+        st.dataframe(table[["model", "seeds", "mean nll", "ΔNLL vs best", "mean crps", "coverage",
+                            "best on (seeds)"]], hide_index=True, width="stretch")
+
+
 def names_for(infos) -> dict[str, str]:
     """Short unique chart names: the model, plus the run's time (or "bundled") when a model repeats."""
     base = [i.model for i in infos]
@@ -239,6 +296,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
     st.dataframe(charts.format_metrics(overall[["rank", *group_col, "model", "split",
                                                 *[c for c in METRIC_COLS if c in overall], "run"]]),
                  hide_index=True, width="stretch", column_config=COLUMN_WIDTHS)
+    seeds_section(infos, overall)
     from gpcore.run.pipeline import NO_RECAL
 
     is_before = table.group.astype(str).str.endswith(NO_RECAL)

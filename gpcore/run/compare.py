@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from gpcore.errors import ConfigError, DataError
+from gpcore.metrics import coverage_se
 from gpcore.run import rundir
 from gpcore.run.config import RunConfig
 from gpcore.run.pipeline import execute_run, prepare, split_indices
@@ -230,6 +231,47 @@ def split_summary(table: pd.DataFrame) -> pd.DataFrame:
             "coverage_change": float(b["coverage"]) - float(r["coverage"]),
         })
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+SEED_COLUMNS = ["model", "seeds", "nll", "crps", "coverage", "two_se", "nll_vs_best", "nll_vs_best_2se", "best_on"]
+
+
+def seed_summary(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Each model over several split seeds of one data set and split kind, paired on the seeds they share.
+
+    One split's ranking is one draw: another seed holds out other rows and can reorder close models (docs/metrics.md,
+    "Several split seeds"). ``table`` has one overall row per (``model``, ``seed``): ``nll``, ``crps``, ``coverage``
+    and ``n`` (test rows). Models are compared on the seeds all of them have; while fewer than two are shared, the
+    model with the fewest seeds is left out (returned second, by name). Per model: ``seeds``, the mean ``nll`` and
+    ``crps`` over them, the ``coverage`` of all their test rows with two binomial SEs (``two_se``, as if the seeds'
+    rows were independent), the paired NLL difference to the model with the lowest mean (``nll_vs_best``) with two SEs
+    of that mean difference (``nll_vs_best_2se``: 2 sd / sqrt(seeds)), and on how many seeds it had the lowest NLL
+    (``best_on``). Sorted by mean NLL; empty when no two seeds are shared.
+    """
+    wide = table.pivot_table(index="seed", columns="model", values="nll", aggfunc="first")
+    left_out: list[str] = []
+    while wide.shape[1] and wide.dropna().shape[0] < 2:
+        worst = wide.notna().sum().sort_values(kind="stable").index[0]
+        left_out.append(str(worst))
+        wide = wide.drop(columns=worst)
+    wide = wide.dropna()
+    if wide.shape[0] < 2 or not wide.shape[1]:
+        return pd.DataFrame(columns=SEED_COLUMNS), sorted(set(table["model"].astype(str)))
+    seeds = list(wide.index)
+    part = table[table["seed"].isin(seeds) & table["model"].isin(wide.columns)]
+    best = wide.mean().idxmin()
+    winners = wide.idxmin(axis=1)
+    rows = []
+    for model, g in part.groupby("model", sort=False):
+        n = g["n"].astype(float)
+        cov = float(np.sum(n * g["coverage"]) / n.sum())
+        d = wide[model] - wide[best]
+        rows.append({"model": model, "seeds": len(seeds), "nll": float(wide[model].mean()),
+                     "crps": float(g["crps"].mean()), "coverage": cov,
+                     "two_se": 2 * coverage_se(int(n.sum())), "nll_vs_best": float(d.mean()),
+                     "nll_vs_best_2se": 2 * float(d.std(ddof=1) / np.sqrt(len(d))),
+                     "best_on": int((winners == model).sum())})
+    return pd.DataFrame(rows, columns=SEED_COLUMNS).sort_values("nll", kind="stable").reset_index(drop=True), left_out
 
 
 def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -> None:

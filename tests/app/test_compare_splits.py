@@ -173,3 +173,30 @@ def test_data_sets_alike_in_name_are_told_apart_by_their_spec(trained_store, tmp
     assert not at.exception, [e.value for e in at.exception]
     rows = list(at.dataframe[0].value["test rows"])
     assert rows == ["strata county_metro · seed 0", "strata county_metro · seed 1", "strata none · seed 0"], rows
+
+
+def test_models_on_several_seeds_are_compared_across_them(trained_store, tmp_path, monkeypatch):
+    """Two models, each on split seeds 0 and 1: 'Across split seeds' pairs them on both seeds (means, the paired
+    difference and the wins read from the runs' own metrics), next to the per-seed rankings."""
+    from tests.app.conftest import make_run
+
+    store = use_store(trained_store, tmp_path, monkeypatch)
+    make_run(store, "20240101-000006-000-dbk-rbf-seed1", "dbk-rbf", seed=1)
+    make_run(store, "20240101-000007-000-dbk-silu-seed0", "dbk-silu", seed=0)
+    at = compare_page(store)
+    heads = [h.value for h in at.subheader]
+    assert "Across split seeds" in heads
+    table = next(d.value for d in at.dataframe if "ΔNLL vs best" in d.value.columns).set_index("model")
+    nll = {("dbk-rbf", 0): overall_nll(store, "20240101-000000-000-dbk-rbf"),
+           ("dbk-rbf", 1): overall_nll(store, "20240101-000006-000-dbk-rbf-seed1"),
+           ("dbk-silu", 0): overall_nll(store, "20240101-000007-000-dbk-silu-seed0"),
+           ("dbk-silu", 1): overall_nll(store, "20240101-000001-000-dbk-silu")}
+    mean = {m: (nll[(m, 0)] + nll[(m, 1)]) / 2 for m in ("dbk-rbf", "dbk-silu")}
+    best, other = sorted(mean, key=mean.get)
+    assert list(table.index) == [best, other] and set(table["seeds"]) == {2}
+    assert float(table.loc[other, "mean nll"]) == pytest.approx(mean[other], abs=1e-4)
+    assert table.loc[best, "ΔNLL vs best"] == "best"
+    diff = float(table.loc[other, "ΔNLL vs best"].split(" ± ")[0])
+    assert diff == pytest.approx(mean[other] - mean[best], abs=1e-4)
+    wins = sum(nll[(best, s)] < nll[(other, s)] for s in (0, 1))
+    assert int(table.loc[best, "best on (seeds)"]) == wins and int(table.loc[other, "best on (seeds)"]) == 2 - wins

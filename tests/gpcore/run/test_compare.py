@@ -212,3 +212,34 @@ def test_coverage_bands_by_held_out_block_on_a_block_run_and_binomial_on_a_rando
         c, b = rows.loc["all", "coverage"], bands["all"]
         cell = f"{100 * c:.1f}% ± {100 * b:.1f}{' ✗' if abs(c - 0.95) > b else ''} |"
         assert cell in (both / "metrics.md").read_text()
+
+
+def test_seed_summary_pairs_models_on_their_shared_seeds():
+    """Means, the pooled coverage and the paired difference over the seeds every model has, computed by hand; a model
+    with one seed is left out rather than shrinking the comparison to one split."""
+    import math
+
+    from gpcore.run.compare import seed_summary
+
+    rows = [  # (model, seed, nll, crps, coverage, n)
+        ("a", 0, 0.80, 0.30, 0.96, 100), ("a", 1, 0.70, 0.28, 0.94, 300), ("a", 2, 0.90, 0.33, 0.95, 200),
+        ("b", 0, 0.78, 0.31, 0.93, 100), ("b", 1, 0.75, 0.29, 0.97, 300), ("b", 2, 0.95, 0.34, 0.92, 200),
+        ("c", 0, 0.10, 0.10, 0.95, 100),  # one seed only: left out
+    ]
+    table = pd.DataFrame(rows, columns=["model", "seed", "nll", "crps", "coverage", "n"])
+    out, left = seed_summary(table)
+    assert left == ["c"]
+    assert list(out["model"]) == ["a", "b"] and list(out["seeds"]) == [3, 3]
+    a, b = out.iloc[0], out.iloc[1]
+    assert a["nll"] == pytest.approx((0.80 + 0.70 + 0.90) / 3) and b["nll"] == pytest.approx((0.78 + 0.75 + 0.95) / 3)
+    assert b["crps"] == pytest.approx((0.31 + 0.29 + 0.34) / 3)
+    assert b["coverage"] == pytest.approx((0.93 * 100 + 0.97 * 300 + 0.92 * 200) / 600)
+    assert b["two_se"] == pytest.approx(2 * math.sqrt(0.95 * 0.05 / 600))
+    d = np.array([0.78 - 0.80, 0.75 - 0.70, 0.95 - 0.90])  # b - a per seed
+    assert b["nll_vs_best"] == pytest.approx(d.mean())
+    assert b["nll_vs_best_2se"] == pytest.approx(2 * d.std(ddof=1) / math.sqrt(3))
+    assert a["nll_vs_best"] == 0.0 and a["nll_vs_best_2se"] == 0.0
+    assert (int(a["best_on"]), int(b["best_on"])) == (2, 1)  # b has the lower NLL on seed 0 only
+
+    one, left = seed_summary(table[table["seed"] == 0])
+    assert one.empty and left == ["a", "b", "c"], "one shared seed is no comparison across seeds"
