@@ -251,16 +251,35 @@ def _compare_splits(args) -> list[str]:
     return parse_splits(args.splits or args.split or "random,block")
 
 
+def _compare_seeds(text: str | None) -> list[int] | None:
+    """``--seeds 0,1,2`` as integers (None without it)."""
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise GPCoreError(f"--seeds {text!r}: give whole numbers separated by commas, e.g. --seeds 0,1,2") from None
+    if len(set(seeds)) < 2 or min(seeds) < 0:
+        raise GPCoreError(f"--seeds {text!r}: give two different seeds >= 0 or more, e.g. --seeds 0,1,2")
+    return seeds
+
+
 def cmd_compare(args) -> int:
-    from gpcore.run.compare import compare_models, split_settings
+    from gpcore.run.compare import compare_models, compare_seeds, split_settings
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     common, overrides = split_settings(_parse_sets(args.set))
     splits = _compare_splits(args)
+    seeds = _compare_seeds(args.seeds)
     args.split = splits[0]
-    table = compare_models(_run_config(args, models[0], common), models, args.out, overrides=overrides,
-                           log=lambda m: print(m, file=sys.stderr), splits=splits,
-                           callback_factory=(lambda name: _progress_printer(f"[{name}] ")) if args.verbose else None)
+    kw = {"overrides": overrides, "log": lambda m: print(m, file=sys.stderr), "splits": splits,
+          "callback_factory": (lambda name: _progress_printer(f"[{name}] ")) if args.verbose else None}
+    base = _run_config(args, models[0], common)
+    if seeds is not None:
+        table = compare_seeds(base, models, args.out, seeds, **kw)
+        print((Path(args.out) / "seed_summary.md").read_text())
+        return 0 if len(table) else 1
+    table = compare_models(base, models, args.out, **kw)
     print((Path(args.out) / "metrics.md").read_text())
     return 0 if len(table) else 1
 
@@ -333,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "on --test-period")
     p.set_defaults(split=None)  # compare takes --splits; a lone --split X still means --splits X
     p.add_argument("--models", required=True, help="comma-separated registry names")
+    p.add_argument("--seeds", help="several split seeds, e.g. 0,1,2: the comparison on each (OUT/seed<k>/) and the "
+                                   "models paired over them (OUT/seed_summary.{csv,md}); replaces --seed")
     p.add_argument("--set", action="append", metavar="[MODEL.]KEY=VALUE")
     p.add_argument("--out", required=True)
     p.add_argument("--verbose", action="store_true", help="print per-epoch progress")

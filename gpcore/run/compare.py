@@ -274,6 +274,43 @@ def seed_summary(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return pd.DataFrame(rows, columns=SEED_COLUMNS).sort_values("nll", kind="stable").reset_index(drop=True), left_out
 
 
+def compare_seeds(base: RunConfig, models: list[str], out_dir, seeds, **kw) -> pd.DataFrame:
+    """:func:`compare_models` on each split seed in ``seeds`` (``OUT/seed<k>/``, each with its runs and tables; the
+    seed is the split's and the models', as in a run), then each split kind's models paired over the seeds
+    (:func:`seed_summary`), written to ``OUT/seed_summary.{csv,md}`` and returned (a ``split`` column first; models
+    left out for too few seeds are named in the markdown). ``kw`` goes to :func:`compare_models`."""
+    seeds = [int(s) for s in seeds]
+    if len(set(seeds)) < 2:
+        raise ConfigError(f"seeds={seeds}: give two different split seeds or more (e.g. --seeds 0,1,2)")
+    out = Path(out_dir)
+    tables = [compare_models(dataclasses.replace(base, seed=s), models, out / f"seed{s}", **kw).assign(seed=s)
+              for s in dict.fromkeys(seeds)]
+    overall = pd.concat(tables, ignore_index=True)
+    overall = overall[overall["group"] == "all"]
+    parts, notes = [], []
+    for split, part in overall.groupby("split", sort=False):
+        summary, left_out = seed_summary(part[["model", "seed", "nll", "crps", "coverage", "n"]])
+        parts.append(summary.assign(split=split_label(split, base.block_km)))
+        if left_out:
+            notes.append(f"{split_label(split, base.block_km)}: left out (too few seeds in common) "
+                         f"{', '.join(left_out)}")
+    result = pd.concat(parts, ignore_index=True)[["split", *SEED_COLUMNS]]
+    result.to_csv(out / "seed_summary.csv", index=False)
+    fmt = result.copy()
+    for col in ("nll", "crps", "nll_vs_best", "nll_vs_best_2se"):
+        fmt[col] = fmt[col].map(lambda v: f"{v:.4f}")
+    fmt["coverage"] = [f"{100 * c:.1f}% ± {100 * e:.1f}" for c, e in zip(result["coverage"], result["two_se"],
+                                                                       strict=True)]
+    fmt = fmt.drop(columns="two_se")
+    (out / "seed_summary.md").write_text(
+        f"# Across split seeds {', '.join(map(str, dict.fromkeys(seeds)))}\n\nEach model paired over the seeds "
+        "every model of its split kind was run on (docs/metrics.md, \"Several split seeds\"): mean test NLL and "
+        "CRPS, the paired NLL difference to the best model with two SEs, the coverage of all the seeds' test rows "
+        "± two binomial SEs, and on how many seeds each model was best. One table per seed in seed<k>/metrics.md.\n\n"
+        + _markdown(fmt) + "\n" + "".join(f"\n{n}\n" for n in notes))
+    return result
+
+
 def write_tables(table: pd.DataFrame, out: Path, base: RunConfig, splits=None) -> None:
     splits = list(splits) if splits is not None else list(dict.fromkeys(table["split"]))
     summary = split_summary(table)
@@ -332,7 +369,7 @@ def _summary_markdown(summary: pd.DataFrame) -> str:
 
 
 def _markdown(df: pd.DataFrame) -> str:
-    cols = ["rank", *[c for c in df.columns if c != "rank"]]
+    cols = [*(["rank"] if "rank" in df else []), *[c for c in df.columns if c != "rank"]]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in df[cols].iterrows():
         lines.append("| " + " | ".join(str(row[c]) for c in cols) + " |")

@@ -243,3 +243,34 @@ def test_seed_summary_pairs_models_on_their_shared_seeds():
 
     one, left = seed_summary(table[table["seed"] == 0])
     assert one.empty and left == ["a", "b", "c"], "one shared seed is no comparison across seeds"
+
+
+def test_compare_over_seeds_pairs_the_models_on_every_seed(csv_file, tmp_path, capsys):
+    """``compare --seeds 0,1``: one comparison per seed (its runs hold that seed) and seed_summary.csv equal to
+    seed_summary over the two seeds' own metrics tables."""
+    from gpcore.run.compare import seed_summary
+
+    out = tmp_path / "seeds"
+    assert main(compare_args(csv_file, out, "--splits", "random", "--seeds", "0,1")) == 0
+    assert "# Across split seeds 0, 1" in capsys.readouterr().out
+    per_seed = []
+    for seed in (0, 1):
+        for model in MODELS.split(","):
+            cfg = json.loads((out / f"seed{seed}" / "runs" / "random" / model / "run.json").read_text())["config"]
+            assert cfg["seed"] == seed
+        t = pd.read_csv(out / f"seed{seed}" / "metrics.csv")
+        per_seed.append(t[t.group == "all"].assign(seed=seed))
+    expected, left_out = seed_summary(pd.concat(per_seed)[["model", "seed", "nll", "crps", "coverage", "n"]])
+    got = pd.read_csv(out / "seed_summary.csv")
+    assert left_out == [] and list(got["split"]) == ["random"] * 2
+    assert list(got["model"]) == list(expected["model"])
+    np.testing.assert_allclose(got[["nll", "crps", "coverage", "nll_vs_best"]].to_numpy(),
+                               expected[["nll", "crps", "coverage", "nll_vs_best"]].to_numpy(), rtol=1e-9)
+    assert per_seed[0]["nll"].tolist() != per_seed[1]["nll"].tolist(), "the seeds hold out other rows"
+
+
+@pytest.mark.parametrize("seeds", ["0", "0,0", "a,b", "0,-1"])
+def test_compare_seeds_needs_two_different_seeds(csv_file, tmp_path, capsys, seeds):
+    assert main(compare_args(csv_file, tmp_path / "bad", "--seeds", seeds)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --seeds"), err
