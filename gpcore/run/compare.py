@@ -11,7 +11,9 @@ Each run is written under ``OUT/runs/<split>/<model>`` and the combined table to
 ``OUT/metrics.{csv,md,json}`` with a ``split`` (and ``block_km``) column, ranked by the overall test
 NLL within each split, each coverage with two SEs (``coverage_2se``, :func:`coverage_bands`);
 ``OUT/split_summary.csv`` holds each model's random-vs-block change in NLL and 95 % coverage. Metrics are in the
-transformed units the models train in (e.g. log10 Mbps).
+transformed units the models train in (e.g. log10 Mbps). With several split seeds (``--seeds``, :func:`compare_seeds`)
+each seed's comparison goes to ``OUT/seed<k>/`` and ``OUT/seed_summary.{csv,md}`` pairs the models over the seeds
+(:func:`seed_summary`).
 """
 
 from __future__ import annotations
@@ -248,6 +250,7 @@ def seed_summary(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     of that mean difference (``nll_vs_best_2se``: 2 sd / sqrt(seeds)), and on how many seeds it had the lowest NLL
     (``best_on``). Sorted by mean NLL; empty when no two seeds are shared.
     """
+    table = table.drop_duplicates(["model", "seed"])  # one run per model and seed: the first
     wide = table.pivot_table(index="seed", columns="model", values="nll", aggfunc="first")
     left_out: list[str] = []
     while wide.shape[1] and wide.dropna().shape[0] < 2:
