@@ -199,7 +199,8 @@ def model_labels(infos) -> dict[str, str]:
 
 def seeds_section(infos, overall: pd.DataFrame) -> None:
     """"Across split seeds": each model paired over the split seeds the chosen runs share on one data set
-    (:func:`gpcore.run.compare.seed_summary`), when they span two seeds or more."""
+    (:func:`gpcore.run.compare.seed_summary`), when they span two seeds or more; else, for two models or more, a note
+    on how to get it."""
     from gpcore.run.compare import seed_summary
 
     labels = model_labels(infos)
@@ -207,6 +208,7 @@ def seeds_section(infos, overall: pd.DataFrame) -> None:
     runs = overall.assign(model=overall["run_id"].map(labels),
                           seed=overall["run_id"].map(lambda r: int(info_of[r].manifest["config"].get("seed", 0))),
                           data=overall["run_id"].map(lambda r: info_of[r].data_hash))
+    shown = False
     for _, part in runs.groupby("data", sort=False):
         part = part.drop_duplicates(["model", "seed"])  # newest first: one run per model and seed
         if part["seed"].nunique() < 2:
@@ -214,6 +216,7 @@ def seeds_section(infos, overall: pd.DataFrame) -> None:
         summary, left_out = seed_summary(part)
         if len(summary) < 2:  # one model over its seeds is no comparison
             continue
+        shown = True
         st.subheader("Across split seeds")
         title = " · ".join(x for x in str(part["test rows"].iloc[0]).split(" · ") if x and not x.startswith("seed "))
         st.caption(f"{title + ': e' if title else 'E'}ach model over the {int(summary['seeds'].iloc[0])} split seeds "
@@ -231,6 +234,10 @@ def seeds_section(infos, overall: pd.DataFrame) -> None:
                                                                              strict=True)]
         st.dataframe(table[["model", "seeds", "mean nll", "ΔNLL vs best", "mean crps", "coverage",
                             "best on (seeds)"]], hide_index=True, width="stretch")
+    if not shown and runs["model"].nunique() > 1:
+        st.caption("One split seed per model: another seed holds out other rows and can reorder close models. Train "
+                   "them on other seeds too (Train page: Seed), or run `python -m gpcore compare ... --seeds 0,1,2`, "
+                   "and an 'Across split seeds' table compares them paired over the seeds.")
 
 
 def names_for(infos) -> dict[str, str]:

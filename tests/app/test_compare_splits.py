@@ -95,6 +95,9 @@ def test_one_split_kind_says_so_and_shows_the_command_for_the_other(trained_stor
     assert f"--out {store}/" in code, "the command writes into the run store the dashboard reads"
     assert set(at.dataframe[0].value["split"]) == {"Random"}
     assert "Random vs spatial blocks" not in [h.value for h in at.subheader]
+    # dbk-rbf on seed 0, dbk-silu on seed 1: no seed in common, so the page says how to compare across seeds
+    assert "Across split seeds" not in [h.value for h in at.subheader]
+    assert any("One split seed per model" in c.value and "--seeds 0,1,2" in c.value for c in at.caption)
 
 
 def test_coverage_carries_the_band_of_its_split_in_the_tables_and_the_chart(split_store, tmp_path, monkeypatch):
@@ -186,6 +189,7 @@ def test_models_on_several_seeds_are_compared_across_them(trained_store, tmp_pat
     at = compare_page(store)
     heads = [h.value for h in at.subheader]
     assert "Across split seeds" in heads
+    assert not any("One split seed per model" in c.value for c in at.caption)
     table = next(d.value for d in at.dataframe if "ΔNLL vs best" in d.value.columns).set_index("model")
     nll = {("dbk-rbf", 0): overall_nll(store, "20240101-000000-000-dbk-rbf"),
            ("dbk-rbf", 1): overall_nll(store, "20240101-000006-000-dbk-rbf-seed1"),
