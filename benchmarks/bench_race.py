@@ -141,7 +141,7 @@ def coverage_cell(mean, var_y, y, blocks=None) -> tuple[str, bool]:
     band = M.coverage_band(mean, var_y, y, groups=blocks)
     cov, two_se = band["coverage"], 2 * M.coverage_se(len(y))
     ok = abs(cov - 0.95) <= two_se
-    text = f"{100 * cov:.1f} {band_text(cov, two_se)}"
+    text = band_text_pct(cov, two_se)
     if blocks is not None and len(y):
         text += f" ({band_text(cov, band['two_se_groups'])} by block)"
     return text, ok

@@ -159,23 +159,23 @@ def data_parts(config: dict, seed: int) -> dict[str, str]:
             "seed": f"seed {seed}"}
 
 
-def test_rows(infos, data) -> dict[str, tuple[int, str]]:
-    """``{run_id: (order, title)}``: which test rows each run was scored on. Within one split kind two runs share
-    their test rows when they share the data set (:attr:`~gpcore.run.store.RunInfo.data_hash`) and the split's
-    seed; NLL, CRPS and coverage compare only between such runs, so the ranking ranks within each. ``title`` names
-    what differs between the sets (:func:`data_parts`: ``"2023 · seed 1"``), ``""`` when every run shares one;
-    ``order`` puts the active data set first."""
-    key = {i.run_id: (i.data_hash, int(i.manifest.get("config", {}).get("seed", 0))) for i in infos}
+def test_rows(infos, data) -> dict[str, tuple[int, str, str]]:
+    """``{run_id: (order, title, data title)}``: which test rows each run was scored on. Within one split kind
+    two runs share their test rows when they share the data set (:attr:`~gpcore.run.store.RunInfo.data_hash`) and
+    the split's seed; NLL, CRPS and coverage compare only between such runs, so the ranking ranks within each.
+    ``title`` names what differs between the sets (:func:`data_parts`: ``"2023 · seed 1"``), ``""`` when every run
+    shares one; the data title is the same without the seed; ``order`` puts the active data set first."""
+    key = {i.run_id: (i.data_hash, i.seed) for i in infos}
     if len(set(key.values())) < 2:
-        return {rid: (0, "") for rid in key}
+        return {rid: (0, "", "") for rid in key}
     parts = {key[i.run_id]: data_parts(i.manifest.get("config", {}), key[i.run_id][1]) for i in infos}
     differ = [name for name in next(iter(parts.values())) if len({p[name] for p in parts.values()}) > 1]
-    titles = {k: " · ".join(p[name] for name in differ) for k, p in parts.items()}
-    if len(set(titles.values())) < len(titles):  # alike in every part named: the data sets' identities tell
-        titles = {k: " · ".join(filter(None, [t, f"data {k[0][:8]}"])) for k, t in titles.items()}
-    ordered = sorted(titles, key=lambda k: (k[0] != data.data_hash, [parts[k][n] for n in differ if n != "seed"],
-                                            k[1]))
-    return {rid: (ordered.index(k), titles[k]) for rid, k in key.items()}
+    names = {k: " · ".join(p[name] for name in differ if name != "seed") for k, p in parts.items()}
+    if len({*names.values()}) < len({h for h, _ in parts}):  # alike in every part named: the identities tell
+        names = {k: " · ".join(filter(None, [t, f"data {k[0][:8]}"])) for k, t in names.items()}
+    titles = {k: " · ".join(filter(None, [names[k], parts[k]["seed"] if "seed" in differ else ""])) for k in parts}
+    ordered = sorted(titles, key=lambda k: (k[0] != data.data_hash, names[k], k[1]))
+    return {rid: (ordered.index(k), titles[k], names[k]) for rid, k in key.items()}
 
 
 def model_labels(infos) -> dict[str, str]:
@@ -197,16 +197,15 @@ def model_labels(infos) -> dict[str, str]:
     return out
 
 
-def seeds_section(infos, overall: pd.DataFrame) -> None:
+def seeds_section(infos, overall: pd.DataFrame, rows_of: dict) -> None:
     """"Across split seeds": each model paired over the split seeds the chosen runs share on one data set
     (:func:`gpcore.run.compare.seed_summary`), when they span two seeds or more; else, for two models or more, a note
-    on how to get it."""
+    on how to get it. ``rows_of``: :func:`test_rows`."""
     from gpcore.run.compare import seed_summary
 
     labels = model_labels(infos)
     info_of = {i.run_id: i for i in infos}
-    runs = overall.assign(model=overall["run_id"].map(labels),
-                          seed=overall["run_id"].map(lambda r: int(info_of[r].manifest["config"].get("seed", 0))),
+    runs = overall.assign(model=overall["run_id"].map(labels), seed=overall["run_id"].map(lambda r: info_of[r].seed),
                           data=overall["run_id"].map(lambda r: info_of[r].data_hash))
     shown = False
     for _, part in runs.groupby("data", sort=False):
@@ -218,7 +217,7 @@ def seeds_section(infos, overall: pd.DataFrame) -> None:
             continue
         shown = True
         st.subheader("Across split seeds")
-        title = " · ".join(x for x in str(part["test rows"].iloc[0]).split(" · ") if x and not x.startswith("seed "))
+        title = rows_of[part["run_id"].iloc[0]][2]
         st.caption(f"{title + ': e' if title else 'E'}ach model over the {int(summary['seeds'].iloc[0])} split seeds "
                    "all of them were tested on: one split's ranking is one draw, and another seed holds out other "
                    "rows. Mean NLL and CRPS over the seeds, the coverage of all their test rows (± 2 binomial SEs, "
@@ -285,7 +284,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
     except GPCoreError:
         units = "target units"
     rows_of = test_rows(infos, data)
-    grouped = any(title for _, title in rows_of.values())
+    grouped = any(title for _, title, _ in rows_of.values())
     st.caption(f"Metrics on each run's test split, in the space the models train in ({units}); "
                "ranked by overall NLL (lower is better). Coverage target: 95%.")
     group_col = ["test rows"] if grouped else []  # NLLs on different test rows do not compare: one ranking each
@@ -303,7 +302,7 @@ def render(data: cache.LoadedData, runs: list) -> None:
     st.dataframe(charts.format_metrics(overall[["rank", *group_col, "model", "split",
                                                 *[c for c in METRIC_COLS if c in overall], "run"]]),
                  hide_index=True, width="stretch", column_config=COLUMN_WIDTHS)
-    seeds_section(infos, overall)
+    seeds_section(infos, overall, rows_of)
     from gpcore.run.pipeline import NO_RECAL
 
     is_before = table.group.astype(str).str.endswith(NO_RECAL)

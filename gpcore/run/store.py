@@ -51,6 +51,12 @@ class RunInfo:
         return self.manifest.get("config", {}).get("model", "?")
 
     @property
+    def seed(self) -> int:
+        """The split's (and the model's) seed: runs on one data set and split kind share their test rows when they
+        share it."""
+        return int(self.manifest.get("config", {}).get("seed", 0))
+
+    @property
     def data_hash(self) -> str:
         """The identity of the run's data set (:func:`gpcore.identity.dataset_identity`).
 
