@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from app.safe_html import html_text
 from gpcore import metrics as M
+from gpcore.models.noise_shape import of_rows
 
 STRATUM_COLORS = {"metro": "#d62728", "urban": "#d62728", "non-metro": "#1f77b4", "rural": "#1f77b4",
                   "unknown": "#7f7f7f", "all": "#21918c"}
@@ -42,8 +43,16 @@ def ordered_strata(labels) -> list[str]:
 
 
 def test_widths(test: pd.DataFrame) -> pd.Series:
-    """Per-point 95 % interval width ``2 z sqrt(var_y)`` of test predictions."""
-    return pd.Series(M.interval_width(test["var_y"].to_numpy()), index=test.index)
+    """Per-point 95 % interval width of test predictions: ``2 z sqrt(var_y)``, or the skewed predictive's of a run
+    with a noise shape (each model's rows with their own)."""
+    key = test["model"].to_numpy() if "model" in test else np.zeros(len(test))
+    out = np.full(len(test), np.nan)
+    for rows in pd.Series(key).groupby(key, sort=False).indices.values():  # positions of each model's rows
+        part = test.iloc[rows]
+        shape = of_rows(part)
+        var_f = part["var_f"].to_numpy(float) if shape is not None else None
+        out[rows] = M.interval_width(part["var_y"].to_numpy(), shape=shape, var_f=var_f)
+    return pd.Series(out, index=test.index)
 
 
 def width_violins(test: pd.DataFrame, units: str = "", colors: dict[str, str] | None = None) -> go.Figure:
@@ -125,7 +134,9 @@ def calibration(test: pd.DataFrame) -> go.Figure:
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="ideal", line=dict(color="gray", dash="dot")))
     levels = np.array([0.05, *M.CALIBRATION_LEVELS])
     for model, part in test.groupby("model", sort=False):
-        cc = M.calibration_curve(part["mean"], part["var_y"], part["y"], levels=tuple(levels))
+        shape = of_rows(part)
+        cc = M.calibration_curve(part["mean"], part["var_y"], part["y"], levels=tuple(levels), shape=shape,
+                                 var_f=part["var_f"] if shape is not None else None)
         fig.add_trace(go.Scatter(x=cc["nominal"], y=cc["observed"], mode="lines+markers", name=str(model)))
     fig.update_layout(xaxis=dict(title="nominal coverage", tickformat=".0%", range=[0, 1]),
                       yaxis=dict(title="observed coverage", tickformat=".0%", range=[0, 1]), **LAYOUT)

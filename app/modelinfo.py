@@ -58,8 +58,17 @@ def calibration_note(train_info: dict | None) -> str:
     before, after = cv.get("coverage_before"), cv.get("coverage_after")
     cover = (f" (as fitted the 95 % intervals covered {100 * before:.1f} % of the held-out rows, scaled "
              f"{100 * after:.1f} %)" if isinstance(before, (int, float)) and isinstance(after, (int, float)) else "")
+    from gpcore.models.noise_shape import NoiseShape
+
+    shape = NoiseShape.from_dict(cv.get("noise_shape"))
+    skew = ""
+    if shape is not None and shape.pi > 0:
+        side = "above" if shape.offset >= 0 else "below"
+        skew = (f"; a new measurement's noise is skewed: {100 * shape.pi:.0f} % of measurements lie about "
+                f"{abs(shape.offset):.2g} noise SDs {side} the map, with {shape.c2:.2g}× its noise variance, the rest "
+                f"around it with {shape.c1:.2g}× (docs/calibration.md)")
     return (f"the latent variance is scaled by {cv['scale']:.3g}, from {cv.get('k', 10)}-fold cross-validation over "
-            f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}.")
+            f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}{skew}.")
 
 
 def _feature_note(manifest: dict) -> str:

@@ -126,21 +126,24 @@ def exceedance(model, X, threshold: float, *, units: str = "model", transform="i
     pred = model.predict(X) if pred is None else pred
     sd_f = np.sqrt(np.maximum(pred.var_f, 1e-300))
     p_f = _phi((t - pred.mean) / sd_f)
-    p_y = _phi((t - pred.mean) / np.sqrt(pred.var_y))
+    p_y = pred.cdf(t)  # a new measurement: Gaussian, or the model's skewed noise (Prediction.shape)
     if direction == "above":
         p_f, p_y = 1.0 - p_f, 1.0 - p_y
     return Exceedance(p_f, p_y, t, direction, pred.mean, sd_f)
 
 
-def grid_prediction(grid, noise_variance: float, var_scale: float = 1.0):
+def grid_prediction(grid, noise_variance: float, var_scale: float = 1.0, shape=None):
     """The :class:`~gpcore.Prediction` stored in a run's ``grid.parquet`` (``mean_t``, ``sd_t`` = predictive sd
-    in model space): ``var_f = sd_t^2 / var_scale - noise``. Nothing is recomputed. ``var_scale``: a
-    recalibrated model's scale of ``var_y`` on the grid (``model.variance_scale(n)``; it leaves ``var_f`` alone)."""
+    in model space): ``var_f = sd_t^2 / var_scale - noise``, the noise times ``shape.noise_factor()`` for a model
+    with a noise ``shape`` (:meth:`~gpcore.models.base.GPModel.noise_shape`). Nothing is recomputed. ``var_scale``:
+    a recalibrated model's scale of ``var_y`` on the grid (``model.variance_scale(n)``; it leaves ``var_f``
+    alone)."""
     from gpcore.models import Prediction
 
     mean = np.asarray(grid["mean_t"], dtype=float)
     var_y = np.asarray(grid["sd_t"], dtype=float) ** 2
-    return Prediction(mean=mean, var_f=np.maximum(var_y / var_scale - float(noise_variance), 0.0), var_y=var_y)
+    noise = float(noise_variance) * (1.0 if shape is None else shape.noise_factor())
+    return Prediction(mean=mean, var_f=np.maximum(var_y / var_scale - noise, 0.0), var_y=var_y, shape=shape)
 
 
 # ---------------------------------------------------------------- areas

@@ -1,7 +1,10 @@
 """Evaluation metrics (docs/metrics.md §7): small pure functions of ``(mean, var_y, y)``.
 
 All take 1-D arrays of equal length, in the units the caller reports in (e.g. log10 Mbps);
-``var_y`` is the predictive variance of an observation (latent variance + noise).
+``var_y`` is the predictive variance of an observation (latent variance + noise). The predictive is Gaussian,
+``N(mean, var_y)``, unless a ``shape`` (:class:`~gpcore.models.noise_shape.NoiseShape`) and the latent variance
+``var_f`` are passed: then it is that shape's two-component mixture around ``mean`` (docs/metrics.md, "Scores of a
+skewed predictive"), with each row's Gaussian noise variance ``(var_y - var_f) / shape.noise_factor()``.
 
 >>> import numpy as np
 >>> round(nll(np.zeros(1), np.ones(1), np.zeros(1)), 6)
@@ -28,6 +31,27 @@ def _arrays(*arrs):
     return out
 
 
+def _shaped(mean, var_y, y, shape, var_f):
+    """``(r, var_f, s)`` of a shaped predictive: residuals, latent variances and Gaussian noise variances."""
+    if var_f is None:
+        raise ValueError("a noise shape needs the latent variance var_f")
+    mean, var_y, y, var_f = _arrays(mean, var_y, y, var_f)
+    return y - mean, var_f, np.maximum(var_y - var_f, 0.0) / shape.noise_factor()
+
+
+def _interval(mean, var_y, level, shape=None, var_f=None):
+    """Ends of the central ``level`` interval, Gaussian or shaped."""
+    if shape is None:
+        mean, var_y = _arrays(mean, var_y)
+        half = z_value(level) * np.sqrt(var_y)
+        return mean - half, mean + half
+    z_value(level)  # checks the level
+    _, vf, s = _shaped(mean, var_y, mean, shape, var_f)
+    lo, hi = shape.interval(level, vf, s)
+    mean = _arrays(mean)[0]
+    return mean + lo, mean + hi
+
+
 def mae(mean, y) -> float:
     mean, y = _arrays(mean, y)
     return float(np.mean(np.abs(y - mean)))
@@ -43,14 +67,21 @@ def rmspe(mean, y) -> float:
     return rmse(mean, y)
 
 
-def nll(mean, var_y, y) -> float:
-    """Mean Gaussian negative log predictive density."""
+def nll(mean, var_y, y, *, shape=None, var_f=None) -> float:
+    """Mean negative log predictive density (Gaussian, or of the ``shape``'s mixture)."""
+    if shape is not None:
+        r, vf, s = _shaped(mean, var_y, y, shape, var_f)
+        return float(-np.mean(shape.logpdf(r, vf, s)))
     mean, var_y, y = _arrays(mean, var_y, y)
     return float(np.mean(0.5 * np.log(2 * np.pi * var_y) + (y - mean) ** 2 / (2 * var_y)))
 
 
-def crps(mean, var_y, y) -> float:
-    """Mean closed-form Gaussian CRPS: ``sd [z (2 Phi(z) - 1) + 2 phi(z) - 1/sqrt(pi)]``."""
+def crps(mean, var_y, y, *, shape=None, var_f=None) -> float:
+    """Mean closed-form CRPS: Gaussian ``sd [z (2 Phi(z) - 1) + 2 phi(z) - 1/sqrt(pi)]``, or the ``shape``'s
+    mixture's (:meth:`~gpcore.models.noise_shape.NoiseShape.crps`)."""
+    if shape is not None:
+        r, vf, s = _shaped(mean, var_y, y, shape, var_f)
+        return float(np.mean(shape.crps(r, vf, s)))
     mean, var_y, y = _arrays(mean, var_y, y)
     sd = np.sqrt(var_y)
     z = (y - mean) / sd
@@ -88,20 +119,27 @@ def z_value(level: float) -> float:
     return float(ndtri(0.5 + level / 2))
 
 
-def coverage(mean, var_y, y, level: float = 0.95) -> float:
-    """Fraction of ``y`` inside the central ``level`` interval ``mean ± z sd``."""
-    mean, var_y, y = _arrays(mean, var_y, y)
-    return float(np.mean(np.abs(y - mean) <= z_value(level) * np.sqrt(var_y)))
+def coverage(mean, var_y, y, level: float = 0.95, *, shape=None, var_f=None) -> float:
+    """Fraction of ``y`` inside the central ``level`` interval (``mean ± z sd`` for a Gaussian)."""
+    return float(np.mean(_inside(mean, var_y, y, level, shape, var_f)))
 
 
-def interval_score(mean, var_y, y, level: float = 0.95) -> float:
+def _inside(mean, var_y, y, level, shape=None, var_f=None) -> np.ndarray:
+    if shape is None:
+        mean, var_y, y = _arrays(mean, var_y, y)
+        return np.abs(y - mean) <= z_value(level) * np.sqrt(var_y)
+    lo, hi = _interval(mean, var_y, level, shape, var_f)
+    (y,) = _arrays(y)
+    return (y >= lo) & (y <= hi)
+
+
+def interval_score(mean, var_y, y, level: float = 0.95, *, shape=None, var_f=None) -> float:
     """Mean interval score of the central ``level`` interval ``[l, u] = mean ± z sd`` (Gneiting & Raftery 2007,
     eq. 43; Heaton et al. 2019's INT): ``(u - l) + (2 / a) (l - y) 1[y < l] + (2 / a) (y - u) 1[y > u]``,
     ``a = 1 - level``. Lower is better; in the target's units."""
-    mean, var_y, y = _arrays(mean, var_y, y)
     a = 1.0 - level
-    half = z_value(level) * np.sqrt(var_y)
-    lo, hi = mean - half, mean + half
+    lo, hi = _interval(mean, var_y, level, shape, var_f)
+    (y,) = _arrays(y)
     return float(np.mean((hi - lo) + (2 / a) * np.maximum(lo - y, 0.0) + (2 / a) * np.maximum(y - hi, 0.0)))
 
 
@@ -117,50 +155,58 @@ def heaton_scores(mean, var_y, y, level: float = 0.95) -> dict[str, float]:
     }
 
 
-def interval_width(var_y, level: float = 0.95) -> np.ndarray:
-    """Per-point width of the central ``level`` interval, ``2 z sd`` (3.919928 sd at 95 %)."""
+def interval_width(var_y, level: float = 0.95, *, shape=None, var_f=None) -> np.ndarray:
+    """Per-point width of the central ``level`` interval, ``2 z sd`` (3.919928 sd at 95 %) for a Gaussian."""
     (var_y,) = _arrays(var_y)
+    if shape is not None:
+        lo, hi = _interval(np.zeros_like(var_y), var_y, level, shape, var_f)
+        return hi - lo
     return 2 * z_value(level) * np.sqrt(var_y)
 
 
-def width_summary(var_y, level: float = 0.95) -> dict[str, float]:
+def width_summary(var_y, level: float = 0.95, *, shape=None, var_f=None) -> dict[str, float]:
     """Mean, median and quartiles of the interval widths (the violin plots' distribution)."""
-    w = interval_width(var_y, level)
+    w = interval_width(var_y, level, shape=shape, var_f=var_f)
     q = np.quantile(w, [0.05, 0.25, 0.5, 0.75, 0.95])
     return {"mean": float(w.mean()), "p05": q[0], "p25": q[1], "median": q[2], "p75": q[3], "p95": q[4]}
 
 
-def calibration_curve(mean, var_y, y, levels=CALIBRATION_LEVELS) -> pd.DataFrame:
+def calibration_curve(mean, var_y, y, levels=CALIBRATION_LEVELS, *, shape=None, var_f=None) -> pd.DataFrame:
     """Observed coverage against nominal level (a calibrated model lies on the diagonal)."""
-    return pd.DataFrame({"nominal": list(levels), "observed": [coverage(mean, var_y, y, lv) for lv in levels]})
+    kw = {"shape": shape, "var_f": var_f}
+    return pd.DataFrame({"nominal": list(levels), "observed": [coverage(mean, var_y, y, lv, **kw) for lv in levels]})
 
 
-def evaluate(mean, var_y, y, level: float = 0.95) -> dict[str, float]:
-    """All scalar metrics for one set of predictions."""
-    w = interval_width(var_y, level)
+def evaluate(mean, var_y, y, level: float = 0.95, *, shape=None, var_f=None) -> dict[str, float]:
+    """All scalar metrics for one set of predictions (MAE and RMSE of ``mean``, the posterior mean of f)."""
+    kw = {"shape": shape, "var_f": var_f}
+    w = interval_width(var_y, level, **kw)
     return {
         "n": int(np.asarray(y).size),
         "mae": mae(mean, y),
         "rmse": rmse(mean, y),
-        "nll": nll(mean, var_y, y),
-        "crps": crps(mean, var_y, y),
-        "coverage": coverage(mean, var_y, y, level),
+        "nll": nll(mean, var_y, y, **kw),
+        "crps": crps(mean, var_y, y, **kw),
+        "coverage": coverage(mean, var_y, y, level, **kw),
         "pi_width_mean": float(w.mean()),
         "pi_width_median": float(np.median(w)),
     }
 
 
-def evaluate_groups(mean, var_y, y, groups=None, level: float = 0.95, all_label: str = "all") -> pd.DataFrame:
+def evaluate_groups(mean, var_y, y, groups=None, level: float = 0.95, all_label: str = "all", *, shape=None,
+                    var_f=None) -> pd.DataFrame:
     """Metrics overall and per group (e.g. urban / rural) as a tidy DataFrame, one row per group."""
     mean, var_y, y = _arrays(mean, var_y, y)
-    rows = [{"group": all_label, **evaluate(mean, var_y, y, level)}]
+    vf = None if var_f is None else _arrays(var_f)[0]
+    rows = [{"group": all_label, **evaluate(mean, var_y, y, level, shape=shape, var_f=vf)}]
     if groups is not None:
         g = np.asarray(groups).astype(str).reshape(-1)
         if g.shape[0] != y.shape[0]:
             raise ValueError(f"groups has {g.shape[0]} labels but there are {y.shape[0]} targets")
         for label in sorted(np.unique(g)):
             sel = g == label
-            rows.append({"group": label, **evaluate(mean[sel], var_y[sel], y[sel], level)})
+            rows.append({"group": label, **evaluate(mean[sel], var_y[sel], y[sel], level, shape=shape,
+                                                    var_f=None if vf is None else vf[sel])})
     return pd.DataFrame(rows)
 
 
@@ -179,15 +225,18 @@ def weight_bins(weights, name: str = "weight") -> np.ndarray:
     return out
 
 
-def evaluate_weight_bins(mean, var_y, y, weights, name: str = "weight", level: float = 0.95) -> pd.DataFrame:
+def evaluate_weight_bins(mean, var_y, y, weights, name: str = "weight", level: float = 0.95, *, shape=None,
+                         var_f=None) -> pd.DataFrame:
     """Metrics per measurement-count bin (:func:`weight_bins`), one row per non-empty bin, in bin order."""
     mean, var_y, y, w = _arrays(mean, var_y, y, weights)
+    vf = None if var_f is None else _arrays(var_f)[0]
     labels = weight_bins(w, name)
     rows = []
     for label in [f"{name} {b[0]}" for b in WEIGHT_BINS]:
         sel = labels == label
         if sel.any():
-            rows.append({"group": label, **evaluate(mean[sel], var_y[sel], y[sel], level)})
+            rows.append({"group": label, **evaluate(mean[sel], var_y[sel], y[sel], level, shape=shape,
+                                                    var_f=None if vf is None else vf[sel])})
     return pd.DataFrame(rows)
 
 
@@ -196,7 +245,7 @@ def coverage_se(n: int, level: float = 0.95) -> float:
     return math.sqrt(level * (1.0 - level) / max(int(n), 1))
 
 
-def coverage_band(mean, var_y, y, groups=None, level: float = 0.95) -> dict[str, float]:
+def coverage_band(mean, var_y, y, groups=None, level: float = 0.95, *, shape=None, var_f=None) -> dict[str, float]:
     """Observed coverage of the central ``level`` interval with two standard errors (docs/metrics.md, "Coverage and
     its band"): ``coverage``, ``two_se`` (binomial: rows independent) and ``two_se_groups`` (NaN without ``groups``):
     cluster-robust by group, e.g. the held-out block of a block split, whose rows share their errors, so the
@@ -210,7 +259,7 @@ def coverage_band(mean, var_y, y, groups=None, level: float = 0.95) -> dict[str,
     mean, var_y, y = _arrays(mean, var_y, y)
     if not y.size:
         return {"coverage": math.nan, "two_se": math.nan, "two_se_groups": math.nan}
-    inside = np.abs(y - mean) <= z_value(level) * np.sqrt(var_y)
+    inside = _inside(mean, var_y, y, level, shape, var_f)
     row = reliability(np.full(y.size, level), inside, bins=1, groups=groups).iloc[0]
     return {"coverage": float(row["observed"]), "two_se": 2 * float(row["se"]),
             "two_se_groups": 2 * float(row["se_groups"]) if groups is not None else math.nan}

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from scipy.special import ndtr
 from torch import nn
 
 from gpcore.device import resolve_device, resolve_dtype
@@ -46,6 +47,7 @@ from gpcore.models.features import JointPosteriorAPI
 from gpcore.models.inputs import as_1d_float, as_2d_float, as_groups, check_scalers, training_inputs
 from gpcore.models.io import save_model
 from gpcore.models.likelihood import GaussianLikelihood
+from gpcore.models.noise_shape import NoiseShape
 
 # --------------------------------------------------------------------------------------------
 # Prediction result
@@ -54,33 +56,56 @@ from gpcore.models.likelihood import GaussianLikelihood
 
 @dataclass
 class Prediction:
-    """Gaussian predictive marginals, in the caller's target units.
+    """Predictive marginals, in the caller's target units: Gaussian, or with the two-component noise ``shape`` of
+    a model calibrated with ``noise_shape="two_component"`` (:mod:`gpcore.models.noise_shape`).
 
     Attributes
     ----------
-    mean : (m,) posterior mean of f (and of y).
+    mean : (m,) posterior mean of f (and, for a Gaussian, of y).
     var_f : (m,) latent-function variance.
     var_y : (m,) predictive variance of a new observation, ``var_f + noise``; for a model fitted with
         per-observation weights, a new observation averaged over the ``weights`` passed to
-        ``predict`` (one measurement when none are): ``var_f + tau^2 + sigma^2 / w``.
+        ``predict`` (one measurement when none are): ``var_f + tau^2 + sigma^2 / w``. With a ``shape`` the
+        noise part is ``shape.noise_factor() (tau^2 + sigma^2 / w)``, the mixture's variance.
+    shape : the noise shape, or ``None`` for a Gaussian predictive ``N(mean, var_y)``.
     """
 
     mean: np.ndarray
     var_f: np.ndarray
     var_y: np.ndarray
+    shape: NoiseShape | None = None
 
     @property
     def sd(self) -> np.ndarray:
         """Predictive standard deviation of y."""
         return np.sqrt(self.var_y)
 
+    def noise(self) -> np.ndarray:
+        """``s``, each row's Gaussian noise variance (``var_y - var_f`` without a shape)."""
+        extra = np.maximum(self.var_y - self.var_f, 0.0)
+        return extra if self.shape is None else extra / self.shape.noise_factor()
+
     def interval(self, level: float = 0.95, latent: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Central ``level`` prediction interval ``mean ± z sd`` (of y, or of f with ``latent=True``)."""
+        """Central ``level`` prediction interval of y (``mean ± z sd`` for a Gaussian; the mixture's
+        ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles with a ``shape``), or of f with ``latent=True``."""
         if not 0.0 < level < 1.0:
             raise ValueError(f"level must be in (0, 1), got {level}")
+        if self.shape is not None and not latent:
+            lo, hi = self.shape.interval(level, self.var_f, self.noise())
+            return self.mean + lo, self.mean + hi
         z = NormalDist().inv_cdf(0.5 + level / 2.0)
         sd = np.sqrt(self.var_f if latent else self.var_y)
         return self.mean - z * sd, self.mean + z * sd
+
+    def cdf(self, t) -> np.ndarray:
+        """``P(y <= t)`` of a new observation, per row."""
+        if self.shape is not None:
+            return self.shape.cdf(np.asarray(t, dtype=float) - self.mean, self.var_f, self.noise())
+        return ndtr((np.asarray(t, dtype=float) - self.mean) / np.sqrt(self.var_y))
+
+    def subset(self, rows) -> Prediction:
+        """The rows ``rows`` (an index or mask), shape kept."""
+        return Prediction(self.mean[rows], self.var_f[rows], self.var_y[rows], self.shape)
 
     def width(self, level: float = 0.95) -> np.ndarray:
         lo, hi = self.interval(level)
@@ -332,10 +357,16 @@ class GPModel(JointPosteriorAPI):
         s2 = self.y_std_**2
         mean = mean * self.y_std_ + self.y_mean_
         var_f = var_f * s2
-        var_y = var_f + noise
+        shape = self.noise_shape()
+        var_y = var_f + noise * (1.0 if shape is None else shape.noise_factor())
         if not (isinstance(vscale, float) and vscale == 1.0):
             var_y = var_y * vscale
-        return Prediction(mean=mean, var_f=var_f, var_y=var_y)
+        return Prediction(mean=mean, var_f=var_f, var_y=var_y, shape=shape)
+
+    def noise_shape(self) -> NoiseShape | None:
+        """The two-component noise of a new observation (:mod:`gpcore.models.noise_shape`), or ``None``: Gaussian
+        noise. Only the Vecchia family fits one (setting ``noise_shape``)."""
+        return None
 
     # ---------------------------------------------------------------- kernel
     @torch.no_grad()

@@ -292,6 +292,9 @@ class VecchiaGP(GPModel):
         stop training and pick the feature check and the recalibration first, then join the posterior; then the
         ``cv_calibration`` scale over every conditioning row (:func:`gpcore.models.vecchia_cv.calibrate`); not both."""
         cfg = self.config
+        if cfg.noise_shape != "gaussian" and cfg.cv_calibration == "none":
+            raise ConfigError(f"noise_shape={cfg.noise_shape!r} is fitted on the rows of cv_calibration: set "
+                              "cv_calibration to 'rows' or 'blocks' (a run picks it by its split)")
         if cfg.cv_calibration != "none" and cfg.recalibrate != "none":
             raise ConfigError(f"cv_calibration={cfg.cv_calibration!r} and recalibrate={cfg.recalibrate!r} would both "
                               "rescale the intervals: set one of them to 'none'")
@@ -426,6 +429,10 @@ class VecchiaGP(GPModel):
         with torch.no_grad():
             self._joint_cache = (key, build_joint(self, Xs, group_covariance, m_pred))
         return self._joint_cache[1]
+
+    def noise_shape(self):
+        """The two-component noise ``noise_shape="two_component"`` fitted with the latent scale (None: Gaussian)."""
+        return vecchia_cv.recorded_shape(getattr(self, "train_info_", None))
 
     def forget_joint(self) -> None:
         """Drop the kept joint posterior (:meth:`joint_s`, :meth:`keep_joint`): the next joint operation builds it

@@ -64,6 +64,9 @@ class VecchiaConfig(st.SpaceTimeConfig):
                                   "inputs); a run picks it by its split", choices=vecchia_cv.KINDS)
     cv_block_km: float = setting(10.0, help="cv_calibration='blocks': the squares' side (km)", min=0.0,
                                  min_inclusive=False)
+    noise_shape: str = setting("gaussian", help="with cv_calibration: 'gaussian' (the latent scale that covers 95 "
+                               "%) or 'two_component' (a skewed noise and the latent scale, by maximum likelihood on "
+                               "the cross-validated rows; docs/calibration.md)", choices=vecchia_cv.SHAPES)
 
     def prediction_chunk(self, device_type: str) -> int:
         """Places per batched step of a prediction or of the joint factor: ``chunk_size``, at most

@@ -163,19 +163,23 @@ def coverage_bands(test: pd.DataFrame, config: dict) -> pd.DataFrame:
     """Each group's 95 % coverage with the band that fits the run's split (docs/metrics.md, "Coverage and its band").
 
     ``test`` is a run's test predictions (``lon``, ``lat``, ``y``, ``mean``, ``var_y``; ``stratum`` and ``weight``
-    when the run has them) and ``config`` its manifest's config. One row per group the run's metrics have
-    ("all", each stratum, each measurement-count bin named by ``config["weight"]``): ``group``, ``n``,
-    ``coverage``, ``two_se`` and ``band``: on a block split two SEs by held-out block (the test rows'
-    ``block_km`` squares, :func:`gpcore.data.splits.block_ids`: rows of one block share their errors), else
+    when the run has them; ``var_f`` and the noise shape's columns for a skewed predictive) and ``config`` its
+    manifest's config. One row per group the run's metrics have ("all", each stratum, each measurement-count bin
+    named by ``config["weight"]``): ``group``, ``n``, ``coverage``, ``two_se`` and ``band``: on a block split two
+    SEs by held-out block (the test rows' ``block_km`` squares, :func:`gpcore.data.splits.block_ids`: rows of one
+    block share their errors), else
     binomial.
     """
     from gpcore import metrics as M
     from gpcore.data.splits import block_ids
+    from gpcore.models.noise_shape import of_rows
 
     cols = ["group", "n", "coverage", "two_se", "band"]
     if test.empty:
         return pd.DataFrame(columns=cols)
     mean, var_y, y = (test[c].to_numpy(dtype=float) for c in ("mean", "var_y", "y"))
+    shape = of_rows(test)  # a skewed predictive's intervals (None: Gaussian)
+    var_f = test["var_f"].to_numpy(dtype=float) if shape is not None else None
     blocks = None
     if config.get("split") == "block":
         km = float(config.get("block_km", 10.0))
@@ -190,7 +194,8 @@ def coverage_bands(test: pd.DataFrame, config: dict) -> pd.DataFrame:
         labels += [(b, bins == b) for b in dict.fromkeys(bins)]
     rows = []
     for label, sel in labels:
-        b = M.coverage_band(mean[sel], var_y[sel], y[sel], None if blocks is None else blocks[sel])
+        b = M.coverage_band(mean[sel], var_y[sel], y[sel], None if blocks is None else blocks[sel], shape=shape,
+                            var_f=None if var_f is None else var_f[sel])
         rows.append({"group": label, "n": int(sel.sum()), "coverage": b["coverage"],
                      "two_se": b["two_se"] if blocks is None else b["two_se_groups"],
                      "band": "binomial" if blocks is None else "block"})

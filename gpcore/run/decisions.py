@@ -22,7 +22,6 @@ import pandas as pd
 
 from gpcore import decide
 from gpcore.errors import GPCoreError
-from gpcore.models import Prediction
 from gpcore.run import grid_joint, rundir
 from gpcore.run.predict import place_inputs  # noqa: F401 - the places' model inputs, shared with grid_joint
 
@@ -203,7 +202,7 @@ def stored_prediction(model, grid):
     """The marginals stored with the grid (:func:`gpcore.decide.grid_prediction`), None when it has none."""
     if not {"mean_t", "sd_t"} <= set(grid.columns):
         return None
-    return decide.grid_prediction(grid, model.noise_variance, model.variance_scale(len(grid)))
+    return decide.grid_prediction(grid, model.noise_variance, model.variance_scale(len(grid)), model.noise_shape())
 
 
 def exceedance(model, grid, threshold: float, *, units: str = "model", transform="identity",
@@ -356,7 +355,7 @@ def suggest(model, grid, mask, k: int, *, candidates=None, t: float | None = Non
     Xc = X if candidates is None else place_inputs(candidates, t, getattr(model, "d_", None))
     stored = stored_prediction(model, grid)
     if stored is not None:
-        kwargs.setdefault("target_pred", Prediction(stored.mean[mask], stored.var_f[mask], stored.var_y[mask]))
+        kwargs.setdefault("target_pred", stored.subset(mask))
         if candidates is None:
             kwargs.setdefault("pred", stored)
     return decide.suggest(model, Xc, X[mask], k=k, **kwargs)

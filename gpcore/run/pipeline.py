@@ -218,20 +218,24 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def metrics_table(mean, var_y, y, strata=None) -> pd.DataFrame:
-    """Tidy metrics overall and per stratum (transformed units)."""
-    return M.evaluate_groups(mean, var_y, y, strata)
+def metrics_table(mean, var_y, y, strata=None, *, shape=None, var_f=None) -> pd.DataFrame:
+    """Tidy metrics overall and per stratum (transformed units); ``shape``: a skewed predictive
+    (:mod:`gpcore.metrics`)."""
+    return M.evaluate_groups(mean, var_y, y, strata, shape=shape, var_f=var_f)
 
 
 #: suffix of the metrics rows of a recalibrated run's model before recalibration
 NO_RECAL = " (no recalibration)"
 
 
-def run_metrics(mean, var_y, y, strata=None, weights=None, weight_name: str | None = None) -> pd.DataFrame:
-    """A run's metrics rows: overall, per stratum and, with weights, per measurement-count bin."""
-    table = metrics_table(mean, var_y, y, strata)
+def run_metrics(mean, var_y, y, strata=None, weights=None, weight_name: str | None = None, *, shape=None,
+                var_f=None) -> pd.DataFrame:
+    """A run's metrics rows: overall, per stratum and, with weights, per measurement-count bin; with the model's
+    noise ``shape`` (and ``var_f``) those of its skewed predictive."""
+    kw = {"shape": shape, "var_f": var_f}
+    table = metrics_table(mean, var_y, y, strata, **kw)
     if weights is not None:  # 1, 2-4, 5-16, >16 measurements
-        table = pd.concat([table, M.evaluate_weight_bins(mean, var_y, y, weights, weight_name or "weight")],
+        table = pd.concat([table, M.evaluate_weight_bins(mean, var_y, y, weights, weight_name or "weight", **kw)],
                           ignore_index=True)
     return table
 
@@ -258,6 +262,8 @@ def run_model_settings(cfg: RunConfig, prep: PreparedData) -> dict:
             settings["recalibrate"] = kind
     for key, value in cv_settings(cfg, cls, settings.get("recalibrate", "none")).items():
         settings.setdefault(key, value)
+    if settings.get("cv_calibration") == "none" and "noise_shape" not in cfg.model_settings():
+        settings.pop("noise_shape", None)  # the user turned the cross-validation off: no shape without it
     return settings
 
 
@@ -328,21 +334,25 @@ def check_finite_model(model, pred) -> None:
 def cv_settings(cfg: RunConfig, cls, recalibrate: str = "none") -> dict:
     """The cross-validated latent scale a spatial run gives a model with the ``cv_calibration`` setting
     (``vecchia``, ``dbk-nn``; docs/calibration.md, "The latent scale from cross-validation"): folds like the run's
-    test split, rows for a random split, ``block_km`` squares for a block split. None for a ``time_input`` run or a
+    test split, rows for a random split, ``block_km`` squares for a block split; fitted with the skewed noise
+    ``noise_shape="two_component"`` (docs/calibration.md, "A skewed noise from cross-validation"). None for a
+    ``time_input`` run or a
     forecast split (their folds would be quarters), another model, or a model whose intervals are recalibrated on the
     validation rows (``recalibrate`` not ``"none"``: one calibration of the intervals, not two)."""
     if "cv_calibration" not in cls.Config.field_names() or cfg.time_input or cfg.split not in ("random", "block") \
             or recalibrate != "none":
         return {}
+    shape = {"noise_shape": "two_component"}
     if cfg.split == "random":
-        return {"cv_calibration": "rows"}
-    return {"cv_calibration": "blocks", "cv_block_km": float(cfg.block_km)}
+        return {"cv_calibration": "rows", **shape}
+    return {"cv_calibration": "blocks", "cv_block_km": float(cfg.block_km), **shape}
 
 
 def uncalibrated_var_y(model, pred, groups=None) -> np.ndarray | None:
     """``var_y`` of ``pred`` before the model's calibration: the validation recalibration's scale divided out, or the
-    cross-validated latent scale ``c`` of ``vecchia`` / ``dbk-nn`` (``var_y - var_f (1 - 1/c)``, docs/calibration.md);
-    None for a model without either."""
+    cross-validated latent scale ``c`` of ``vecchia`` / ``dbk-nn`` (``var_y - var_f (1 - 1/c)``, docs/calibration.md),
+    and with a noise shape the Gaussian noise in place of the mixture's (``var_f / c + s``); None for a model without
+    either. The metrics of it are Gaussian."""
     if model.recal_:
         return pred.var_y / model.variance_scale(len(pred.var_y), groups)
     from gpcore.models.vecchia_cv import applied
@@ -350,6 +360,8 @@ def uncalibrated_var_y(model, pred, groups=None) -> np.ndarray | None:
     cv = applied(getattr(model, "train_info_", None))
     if cv is None:
         return None
+    if pred.shape is not None:
+        return pred.var_f / cv["scale"] + pred.noise()
     return pred.var_y - pred.var_f * (1.0 - 1.0 / cv["scale"])
 
 
@@ -394,7 +406,7 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     predict_s = time.perf_counter() - t0
     check_finite_model(model, pred)
     y_te = prep.y[prep.test_idx]
-    table = run_metrics(pred.mean, pred.var_y, y_te, st_te, w_te, cfg.weight)
+    table = run_metrics(pred.mean, pred.var_y, y_te, st_te, w_te, cfg.weight, shape=pred.shape, var_f=pred.var_f)
     raw_var = uncalibrated_var_y(model, pred, st_te)
     if raw_var is not None:  # the same metrics before recalibration, labelled '<group> (no recalibration)'
         raw = run_metrics(pred.mean, raw_var, y_te, st_te, w_te, cfg.weight)
@@ -442,6 +454,8 @@ def _write_run(cfg, out, final, model, prep, pred, table, grid, fit_s, predict_s
     )
     if w_te is not None:
         test_df["weight"] = w_te
+    if pred.shape is not None:  # the skewed predictive the metrics scored (gpcore.models.noise_shape.of_rows)
+        test_df = test_df.assign(**pred.shape.columns())
     if prep.t is not None:
         test_df["t"] = prep.t[prep.test_idx]
     rundir.write_tables(out, model=model, test_predictions=test_df, metrics=table, history=_clean(model.history_),
@@ -523,4 +537,4 @@ def evaluate_run(run_dir, data: str, *, quarter: str | None = None, strata: str 
     groups = gdf["stratum"].astype(str).to_numpy() if "stratum" in gdf.columns else None
     w = run_weights(gdf, cfg.weight) if model.weighted else None  # each row with its own measurement count
     pred = model.predict(run_inputs(cfg, gdf), weights=w, groups=groups)
-    return run_metrics(pred.mean, pred.var_y, y, groups, w, cfg.weight)
+    return run_metrics(pred.mean, pred.var_y, y, groups, w, cfg.weight, shape=pred.shape, var_f=pred.var_f)

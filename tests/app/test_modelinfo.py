@@ -61,3 +61,16 @@ def test_a_cross_validated_scale_is_said_after_the_feature_note():
     assert training_note({"train_info": {"cv_calibration": {**cv, "rows": 0, "scale": 1.0}}}) == ""  # nothing held out
     for bad in ("0.72", True, float("nan"), None):  # a malformed scale says nothing, as the model ignores it
         assert training_note({"train_info": {"cv_calibration": {**cv, "scale": bad}}}) == ""
+
+
+def test_a_skewed_noise_is_said_with_the_scale():
+    shape = {"latent_scale": 0.7234, "c1": 1.35, "c2": 0.001, "pi": 0.3, "offset": 0.83}
+    cv = {"folds": "rows", "k": 10, "rows": 1000, "scale": 0.7234, "noise_shape": shape}
+    note = training_note({"train_info": {"cv_calibration": cv}})
+    assert note.endswith("rows the model conditions on; a new measurement's noise is skewed: 30 % of measurements lie "
+                         "about 0.83 noise SDs above the map, with 0.001× its noise variance, the rest around it with "
+                         "1.4× (docs/calibration.md).")
+    slow = training_note({"train_info": {"cv_calibration": {**cv, "noise_shape": {**shape, "offset": -3.5}}}})
+    assert "3.5 noise SDs below the map" in slow
+    broken = training_note({"train_info": {"cv_calibration": {**cv, "noise_shape": {**shape, "pi": "x"}}}})
+    assert "skewed" not in broken and "scaled by 0.723" in broken

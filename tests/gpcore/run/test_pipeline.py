@@ -129,8 +129,10 @@ def test_vecchia_runs_do_not_recalibrate_unless_asked(csv_file, tmp_path, settin
 
 @pytest.mark.parametrize("split", ["random", "block"])
 def test_a_vecchia_run_reports_its_metrics_before_the_cross_validated_scale(csv_file, tmp_path, split):
-    """The run's test rows scored with ``var_y - var_f (1 - 1/c)``: the intervals before the latent scale."""
+    """The run's test rows scored with the skewed predictive the cross-validation fitted (its shape in the test
+    table), and before it with the Gaussian ``var_f / c + s``: the intervals before the latent scale and the shape."""
     from gpcore import metrics as M
+    from gpcore.models.noise_shape import NoiseShape, of_rows
 
     cfg = dataclasses.replace(_cfg(csv_file, weight="tests", split=split, block_km=2.0), model="vecchia",
                               settings={"epochs": 3})
@@ -140,8 +142,25 @@ def test_a_vecchia_run_reports_its_metrics_before_the_cross_validated_scale(csv_
     assert cv["folds"] == {"random": "rows", "block": "blocks"}[split] and cv["rows"] == manifest["data"]["n_train"] \
         + manifest["data"]["n_val"]
     test = pd.read_parquet(out / "test_predictions.parquet")
-    raw = test["var_y"] - test["var_f"] * (1 - 1 / cv["scale"])
+    shape = of_rows(test)
+    assert shape == NoiseShape.from_dict(cv["noise_shape"]) and shape.latent_scale == cv["scale"]
+    assert manifest["model_config"]["noise_shape"] == "two_component"
+    noise = (test["var_y"] - test["var_f"]) / shape.noise_factor()
+    raw = test["var_f"] / cv["scale"] + noise
     groups = {m["group"]: m for m in manifest["metrics"]}
     np.testing.assert_allclose(groups["all" + NO_RECAL]["nll"], M.nll(test["mean"], raw, test["y"]), rtol=1e-9)
-    np.testing.assert_allclose(groups["all"]["nll"], M.nll(test["mean"], test["var_y"], test["y"]), rtol=1e-9)
+    np.testing.assert_allclose(groups["all"]["nll"], -np.mean(shape.logpdf(test["y"] - test["mean"], test["var_f"],
+                                                                           noise)), rtol=1e-9)
+    lo, hi = shape.interval(0.95, test["var_f"].to_numpy(), noise.to_numpy())
+    r = (test["y"] - test["mean"]).to_numpy()
+    np.testing.assert_allclose(groups["all"]["coverage"], np.mean((r >= lo) & (r <= hi)))
     assert groups["all"]["nll"] != groups["all" + NO_RECAL]["nll"]
+
+
+def test_a_run_without_the_cross_validation_has_no_shape(csv_file, tmp_path):
+    cfg = dataclasses.replace(_cfg(csv_file, weight="tests"), model="vecchia",
+                              settings={"epochs": 3, "cv_calibration": "none"})
+    out = execute_run(cfg, tmp_path / "v")
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["model_config"]["noise_shape"] == "gaussian" and not manifest["train_info"].get("cv_calibration")
+    assert "noise_c" not in pd.read_parquet(out / "test_predictions.parquet").columns
