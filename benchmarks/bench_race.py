@@ -81,6 +81,7 @@ from scipy.special import ndtr
 
 from gpcore import metrics as M
 from gpcore.data.splits import block_ids
+from gpcore.models.noise_shape import of_rows
 from gpcore.run.compare import band_text
 from gpcore.run.config import RunConfig
 from gpcore.run.pipeline import prepare
@@ -133,12 +134,12 @@ def race_configs(data: str, smoke: bool, tmp: Path) -> list[tuple[str, RunConfig
     return configs
 
 
-def coverage_cell(mean, var_y, y, blocks=None) -> tuple[str, bool]:
+def coverage_cell(mean, var_y, y, blocks=None, shape=None, var_f=None) -> tuple[str, bool]:
     """``"94.8 ± 0.9"`` (coverage and two binomial SEs, in %), with ``✗`` when outside; and whether inside (the
     binomial verdict, the bar's). With ``blocks`` (each row's test block of a block split) also two cluster-robust SEs
     by block, ``"(± 1.6 by block)"``: the rows of one held-out block share their errors, so a split's coverage
     scatters more than the binomial band allows (:func:`gpcore.metrics.coverage_band`)."""
-    band = M.coverage_band(mean, var_y, y, groups=blocks)
+    band = M.coverage_band(mean, var_y, y, groups=blocks, shape=shape, var_f=var_f)
     cov, two_se = band["coverage"], 2 * M.coverage_se(len(y))
     ok = abs(cov - 0.95) <= two_se
     text = band_text_pct(cov, two_se)
@@ -148,19 +149,22 @@ def coverage_cell(mean, var_y, y, blocks=None) -> tuple[str, bool]:
 
 
 def score(data: str, model: str, weights: str, mean, var_y, y, strata, fit_s: float, n_train: int,
-          blocks=None) -> dict:
+          blocks=None, shape=None, var_f=None) -> dict:
     """One row of the race table; ``blocks`` (a block split's test blocks) adds the by-block bands
-    (:func:`coverage_cell`)."""
-    cov, ok = coverage_cell(mean, var_y, y, blocks)
+    (:func:`coverage_cell`); ``shape`` and ``var_f``: a skewed predictive (a run's ``vecchia`` / ``dbk-nn``), scored
+    as such (:mod:`gpcore.metrics`)."""
+    kw = {"shape": shape, "var_f": var_f}
+    cov, ok = coverage_cell(mean, var_y, y, blocks, **kw)
     per, all_ok = [], ok
     if strata is not None:
         for label in sorted(set(strata.tolist())):
             sel = strata == label
-            cell, good = coverage_cell(mean[sel], var_y[sel], y[sel], None if blocks is None else blocks[sel])
+            cell, good = coverage_cell(mean[sel], var_y[sel], y[sel], None if blocks is None else blocks[sel], shape,
+                                       None if var_f is None else var_f[sel])
             per.append(f"{label} {cell}")
             all_ok &= good
-    return {"data": data, "model": model, "weights": weights, "n_train": n_train, "nll": M.nll(mean, var_y, y),
-            "crps": M.crps(mean, var_y, y), "coverage": M.coverage(mean, var_y, y), "coverage_cell": cov,
+    return {"data": data, "model": model, "weights": weights, "n_train": n_train, "nll": M.nll(mean, var_y, y, **kw),
+            "crps": M.crps(mean, var_y, y, **kw), "coverage": M.coverage(mean, var_y, y, **kw), "coverage_cell": cov,
             "strata_coverage": "; ".join(per) or "-", "all_within_2se": all_ok, "fit_s": fit_s}
 
 
@@ -239,12 +243,15 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
         settings = {**run_defaults(name, cfg), **extra}
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         wlabel = cfg.weight if r["weighted"] else "-"
-        rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr), b_te))
-        keep(name, wlabel, r["mean"], r["var_y"], r["var_f"])
+        shape = r["model"].noise_shape()
+        rows.append(score(key, name, wlabel, r["mean"], r["var_y"], y[te], g_te, r["fit_seconds"], len(tr), b_te,
+                          shape, r["var_f"]))
+        keep(name, wlabel, r["mean"], r["var_y"], r["var_f"], shape)
         stderr(f"  {name}: fit {r['fit_seconds']:.1f} s ({r['epochs']} epochs), weights {wlabel}, "
                f"test NLL {rows[-1]['nll']:.4f}" + feature_check_text(r["model"]) + cv_text(r["model"]))
         if z is not None:
-            b = fit_predict(name, settings, X[tr], z[tr], X[va], z[va], X[te], seed=cfg.seed, **wkw)
+            bsets = {**settings, "noise_shape": "gaussian"} if "noise_shape" in settings else settings
+            b = fit_predict(name, bsets, X[tr], z[tr], X[va], z[va], X[te], seed=cfg.seed, **wkw)  # a Gaussian there
             rows.append(score_boxcox(lam, floor, key, name, wlabel, b["mean"], b["var_y"], y[te], g_te,
                                      b["fit_seconds"], len(tr), b_te))
             stderr(f"  {name} on the Box-Cox scale: fit {b['fit_seconds']:.1f} s, test NLL (log10 scale) "
@@ -262,9 +269,9 @@ def race_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fal
                 model.recalibrate(X[va], y[va], val_weights=w[va] if r["weighted"] else None,
                                   val_groups=g[va] if g is not None else None, kind=kind)
                 pred = model.predict(X[te], weights=w[te] if r["weighted"] else None, groups=g_te)
-                p = {"mean": pred.mean, "var_y": pred.var_y}
+                p = {"mean": pred.mean, "var_y": pred.var_y, "var_f": pred.var_f}
             rows.append(score(key, f"{name} +recal {model.recal_['kind']}", wlabel, p["mean"], p["var_y"], y[te], g_te,
-                              r["fit_seconds"], len(tr), b_te))
+                              r["fit_seconds"], len(tr), b_te, model.noise_shape(), p.get("var_f")))
     if args.gpboost == "none":
         stderr("  --gpboost none: no peer rows (compare with a run that has them)")
     elif gpboost_available():
@@ -305,14 +312,35 @@ def _test_rows_keeper(args, key: str, cfg: RunConfig, y, strata, blocks):
     out = Path(args.tests_out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def keep(model: str, weights: str, mean, var_y, var_f=None) -> None:
+    def keep(model: str, weights: str, mean, var_y, var_f=None, shape=None) -> None:
         frame = pd.DataFrame({"y": y, "mean": mean, "var_y": var_y, "var_f": np.nan if var_f is None else var_f,
                               "stratum": strata.astype(str) if strata is not None else "all",
                               "block": blocks if blocks is not None else np.arange(len(y))})
+        if shape is not None:  # the skewed predictive's shape (gpcore.models.noise_shape.of_rows reads it)
+            frame = frame.assign(**shape.columns())
         name = f"{key}-{cfg.split}-seed{cfg.seed}-{model.replace(' ', '_')}-{'none' if weights == '-' else weights}"
         frame.to_parquet(out / f"{name}.parquet", index=False)
 
     return keep
+
+
+def _row_logpdf(mean, var_y, y, shape=None, var_f=None) -> np.ndarray:
+    """Each row's log predictive density (Gaussian, or the skewed predictive of ``shape``)."""
+    mean, var_y, y = (np.asarray(a, dtype=float) for a in (mean, var_y, y))
+    if shape is None:
+        return -0.5 * np.log(2 * np.pi * var_y) - 0.5 * (y - mean) ** 2 / var_y
+    s = np.maximum(var_y - var_f, 0.0) / shape.noise_factor()
+    return shape.logpdf(y - mean, var_f, s)
+
+
+def _row_inside(mean, var_y, y, shape=None, var_f=None) -> np.ndarray:
+    """Whether each row lies inside its central 95 % interval."""
+    mean, var_y, y = (np.asarray(a, dtype=float) for a in (mean, var_y, y))
+    if shape is None:
+        return np.abs(y - mean) <= M.Z95 * np.sqrt(var_y)
+    s = np.maximum(var_y - var_f, 0.0) / shape.noise_factor()
+    lo, hi = shape.interval(0.95, var_f, s)
+    return (y - mean >= lo) & (y - mean <= hi)
 
 
 def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
@@ -330,13 +358,22 @@ def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
         model, weights = rest.rsplit("-", 1)
         f = pd.read_parquet(path)
         f["data"], f["split"], f["seed"], f["model"], f["weights"] = data, split, int(seed[4:]), model, weights
+        shape = of_rows(f)  # one fit per file: one shape (None: Gaussian)
+        kw = {"shape": shape, "var_f": f["var_f"].to_numpy(float) if shape is not None else None}
+        f["logpdf"] = _row_logpdf(f["mean"], f["var_y"], f["y"], **kw)
+        f["inside"] = _row_inside(f["mean"], f["var_y"], f["y"], **kw)
         frames.append(f)
     if not frames:
         raise SystemExit("--pool: no files given")
     rows = []
 
+    def band(q, groups=None) -> dict:  # coverage of the rows' own intervals, two binomial SEs and by group
+        rel = M.reliability(np.full(len(q), 0.95), q["inside"].to_numpy(float), bins=1, groups=groups).iloc[0]
+        return {"coverage": float(rel["observed"]), "two_se": 2 * float(rel["se"]),
+                "two_se_groups": 2 * float(rel["se_groups"]) if groups is not None else float("nan")}
+
     def within(r) -> bool:  # one split's rows of one stratum within two binomial SEs of 95 %
-        b = M.coverage_band(r["mean"], r["var_y"], r["y"])
+        b = band(r)
         return abs(b["coverage"] - 0.95) <= b["two_se"]
 
     for keys, part in pd.concat(frames, ignore_index=True).groupby(["data", "split", "model", "weights"]):
@@ -346,14 +383,14 @@ def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
                  for _, r in part.groupby("seed")]
         for stratum, q in strata:
             groups = q["seed"].astype(str) + ":" + q["block"].astype(str)
-            band = M.coverage_band(q["mean"], q["var_y"], q["y"], groups=groups.to_numpy())
+            b = band(q, groups.to_numpy())
             alone = [within(r) for _, r in q.groupby("seed") if len(r) >= min_rows]
             rows.append({"data": keys[0], "split": keys[1], "model": keys[2], "weights": keys[3], "stratum": stratum,
-                         "n": len(q), "splits": q["seed"].nunique(), "nll": M.nll(q["mean"], q["var_y"], q["y"]),
-                         "coverage": band["coverage"],
-                         "two_se": band["two_se"], "two_se_blocks": band["two_se_groups"],
-                         "within_binomial": abs(band["coverage"] - 0.95) <= band["two_se"],
-                         "within_blocks": abs(band["coverage"] - 0.95) <= band["two_se_groups"],
+                         "n": len(q), "splits": q["seed"].nunique(), "nll": -float(q["logpdf"].mean()),
+                         "coverage": b["coverage"],
+                         "two_se": b["two_se"], "two_se_blocks": b["two_se_groups"],
+                         "within_binomial": abs(b["coverage"] - 0.95) <= b["two_se"],
+                         "within_blocks": abs(b["coverage"] - 0.95) <= b["two_se_groups"],
                          "splits_judged": len(alone), "splits_within_binomial": int(np.sum(alone)),
                          "splits_every_stratum_within": int(np.sum(whole)) if stratum == "all" else None})
     df = pd.DataFrame(rows)

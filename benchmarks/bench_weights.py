@@ -37,29 +37,32 @@ from gpcore.run.config import RunConfig
 from gpcore.run.pipeline import prepare
 
 
-def _row(label, mean, var_y, y):
+def _row(label, pred, y, sel=None):
+    """One table row of ``pred`` (a Prediction, Gaussian or with a noise shape) on the rows ``sel``."""
+    p = pred if sel is None else pred.subset(sel)
+    y = y if sel is None else y[sel]
+    kw = {"shape": p.shape, "var_f": p.var_f}
     n = len(y)
-    cov = M.coverage(mean, var_y, y)
+    cov = M.coverage(p.mean, p.var_y, y, **kw)
     se = M.coverage_se(n)
-    return {"group": label, "n": n, "nll": M.nll(mean, var_y, y), "coverage": cov, "two_se": 2 * se,
-            "within_2se": abs(cov - 0.95) <= 2 * se, "pi_width_mean": float(M.interval_width(var_y).mean())}
+    return {"group": label, "n": n, "nll": M.nll(p.mean, p.var_y, y, **kw), "coverage": cov, "two_se": 2 * se,
+            "within_2se": abs(cov - 0.95) <= 2 * se, "pi_width_mean": float(p.width().mean())}
 
 
-def _bins(mean, var_y, y, w, name):
-    rows = [_row("all", mean, var_y, y)]
+def _bins(pred, y, w, name):
+    rows = [_row("all", pred, y)]
     labels = M.weight_bins(w, name)
     for b in M.WEIGHT_BINS:
         sel = labels == f"{name} {b[0]}"
         if sel.any():
-            rows.append(_row(f"{name} {b[0]}", mean[sel], var_y[sel], y[sel]))
+            rows.append(_row(f"{name} {b[0]}", pred, y, sel))
     return rows
 
 
-def _strata(mean, var_y, y, g):
-    rows = [_row("all", mean, var_y, y)]
+def _strata(pred, y, g):
+    rows = [_row("all", pred, y)]
     for label in sorted(set(g.tolist())):
-        sel = g == label
-        rows.append(_row(label, mean[sel], var_y[sel], y[sel]))
+        rows.append(_row(label, pred, y, g == label))
     return rows
 
 
@@ -84,14 +87,14 @@ def run_weights(cfg: RunConfig, models, settings, log=print) -> pd.DataFrame:
             model, secs = _fit(name, prep, settings.get(name, {}), weighted, cfg)
             pred = model.predict(prep.X[te], weights=w_te if weighted else None)
             variant = "weighted" if weighted else "unweighted"
-            for r in _bins(pred.mean, pred.var_y, y_te, w_te, cfg.weight):
+            for r in _bins(pred, y_te, w_te, cfg.weight):
                 rows.append({"model": name, "variant": variant, "recal": "none", "fit_s": secs, **r})
             if prep.strata is not None and not model.train_info_.get("conditioned_on", {}).get("validation"):
                 # vecchia / dbk-nn: the validation rows joined the posterior, so they cannot recalibrate it
                 model.recalibrate(prep.X[va], prep.y[va], val_weights=prep.weights[va] if weighted else None,
                                   val_groups=prep.strata[va], kind="group")
                 pr = model.predict(prep.X[te], weights=w_te if weighted else None, groups=g_te)
-                for r in _bins(pr.mean, pr.var_y, y_te, w_te, cfg.weight):
+                for r in _bins(pr, y_te, w_te, cfg.weight):
                     rows.append({"model": name, "variant": variant, "recal": "group", "fit_s": secs, **r})
             extra = (f" tau2={model.nugget_variance:.4f} sigma2={model.measurement_noise_variance:.4f}"
                      if weighted else f" noise={model.noise_variance:.4f}")
@@ -111,7 +114,7 @@ def run_recal(cfg: RunConfig, models, settings, log=print) -> pd.DataFrame:
             if kind != "none":
                 model.recalibrate(prep.X[va], prep.y[va], val_groups=g_va, kind=kind)
             pred = model.predict(prep.X[te], groups=g_te)
-            for r in _strata(pred.mean, pred.var_y, y_te, g_te):
+            for r in _strata(pred, y_te, g_te):
                 rows.append({"model": name, "recal": kind, "fit_s": secs, **r})
         log(f"  {name}: {secs:.0f}s, scales {model.recal_['scales']} (global {model.recal_['global']:.3f})")
     return pd.DataFrame(rows)

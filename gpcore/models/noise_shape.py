@@ -226,10 +226,11 @@ def fit(r, v, s, scale_bounds: tuple[float, float] = (0.05, 20.0)) -> tuple[Nois
     if r.size < 10:
         raise ValueError(f"a noise shape needs at least 10 held-out rows, got {r.size}")
     best = None
+    log_c = tuple(np.log(scale_bounds))
     for pi0, b0 in ((0.3, 1.0), (0.05, -2.5), (0.02, -4.0), (0.1, -1.0)):
-        theta0 = np.array([float(np.clip(0.0, *np.log(scale_bounds))), 0.0, math.log(max(1.0 - FLOOR, 1e-3)), math.log(pi0 / (1 - pi0)), b0])
+        theta0 = np.array([float(np.clip(0.0, *log_c)), 0.0, math.log(1.0 - FLOOR), math.log(pi0 / (1 - pi0)), b0])
         res = minimize(_negloglik, theta0, args=(r, v, s), jac=True, method="L-BFGS-B",
-                       bounds=[tuple(np.log(scale_bounds)), (-12, 5), (-12, 5), (-12, 6), (-12, 12)], options={"maxiter": 500})
+                       bounds=[log_c, (-12, 5), (-12, 5), (-12, 6), (-12, 12)], options={"maxiter": 500})
         if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
             best = res
     if best is None:

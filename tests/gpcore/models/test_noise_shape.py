@@ -48,7 +48,7 @@ def test_density_cdf_quantile_crps_match_integrals(var_f, s):
                 + quad(lambda t: (1 - float(SHAPE.cdf(t, var_f, s))) ** 2, x, hi, limit=200)[0])
         assert float(SHAPE.crps(x, var_f, s)) == pytest.approx(crps, abs=1e-8)
     for p in (0.025, 0.3, 0.5, 0.975):
-        ref = brentq(lambda t: float(SHAPE.cdf(t, var_f, s)) - p, -20, 20, xtol=1e-14)
+        ref = brentq(lambda t, p=p: float(SHAPE.cdf(t, var_f, s)) - p, -20, 20, xtol=1e-14)
         assert float(SHAPE.quantile(p, var_f, s)) == pytest.approx(ref, abs=1e-10)
 
 

@@ -178,14 +178,19 @@ def test_a_run_picks_the_folds_by_its_split():
     def run(**kw):
         return RunConfig(data="sample:synthetic", y="download_mbps", **kw)
 
-    assert cv_settings(run(), vec) == {"cv_calibration": "rows"}
-    assert cv_settings(run(split="block", block_km=7.5), vec) == {"cv_calibration": "blocks", "cv_block_km": 7.5}
+    shape = {"noise_shape": "two_component"}  # the skewed noise, fitted on the same folds
+    assert cv_settings(run(), vec) == {"cv_calibration": "rows", **shape}
+    assert cv_settings(run(split="block", block_km=7.5), vec) == {"cv_calibration": "blocks", "cv_block_km": 7.5,
+                                                                  **shape}
     assert cv_settings(run(split="block"), svgp) == {}
     assert cv_settings(run(split="block"), vec, "group") == {} and cv_settings(run(), vec, "global") == {}
     assert cv_settings(run(time_input=True), vec) == {}
     assert cv_settings(run(split="forecast", test_period="2023Q4", time="quarter"), vec) == {}
     cfg = run(model="dbk-nn", split="block", settings={"cv_calibration": "none"})
-    assert run_model_settings(cfg, prepare(cfg))["cv_calibration"] == "none"  # the user's setting wins
+    off = run_model_settings(cfg, prepare(cfg))
+    assert off["cv_calibration"] == "none" and "noise_shape" not in off  # the user's setting wins; no shape without it
+    cfg = run(model="dbk-nn", split="block", settings={"noise_shape": "gaussian"})
+    assert run_model_settings(cfg, prepare(cfg))["noise_shape"] == "gaussian"
     cfg = run(model="dbk-nn", split="block", block_km=5.0)
     assert run_model_settings(cfg, prepare(cfg))["cv_block_km"] == 5.0
     cfg = run(model="vecchia", strata="county_metro", settings={"recalibrate": "group"})  # the user asked for it
