@@ -187,6 +187,33 @@ def test_widths_violins_split_by_stratum():
     assert top == width_violins(test).layout.yaxis.range[1] and top < 2 * 1.96 * np.sqrt(0.3) * 1.2
 
 
+def test_widths_and_calibration_use_each_runs_noise_shape():
+    """Two runs side by side, one with a skewed predictive (its shape in its test rows' columns): its widths and its
+    calibration curve are the mixture's, the other's stay Gaussian."""
+    import pandas as pd
+
+    from app.charts import calibration, test_widths
+    from gpcore import metrics as M
+    from gpcore.models.noise_shape import NoiseShape
+
+    shape = NoiseShape(latent_scale=0.7, c1=1.3, c2=0.01, pi=0.3, offset=0.9)
+    rng = np.random.default_rng(0)
+    var_f, s = rng.uniform(0.01, 0.1, 200), rng.uniform(0.05, 0.3, 200)
+    y = rng.normal(size=200)
+    a = pd.DataFrame({"model": "a", "mean": 0.0, "y": y, "var_f": var_f, "var_y": var_f + shape.noise_factor() * s})
+    b = a.assign(model="b", var_y=var_f + s)
+    test = pd.concat([b, a.assign(**shape.columns())], ignore_index=True)
+    widths = test_widths(test).to_numpy()
+    lo, hi = shape.interval(0.95, var_f, s)
+    np.testing.assert_allclose(widths[200:], hi - lo)
+    np.testing.assert_allclose(widths[:200], M.interval_width(var_f + s))
+    fig = calibration(test)
+    (shaped,) = [t for t in fig.data if t.name == "a"]
+    lo90, hi90 = shape.interval(0.9, var_f, s)
+    assert list(shaped.x).index(0.9) >= 0
+    assert shaped.y[list(shaped.x).index(0.9)] == pytest.approx(np.mean((y >= lo90) & (y <= hi90)))
+
+
 def test_width_map_title_says_for_how_many_measurements():
     from types import SimpleNamespace
 

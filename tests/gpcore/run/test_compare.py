@@ -274,3 +274,30 @@ def test_compare_seeds_needs_two_different_seeds(csv_file, tmp_path, capsys, see
     assert main(compare_args(csv_file, tmp_path / "bad", "--seeds", seeds)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --seeds"), err
+
+
+def test_coverage_bands_score_each_run_with_its_noise_shape():
+    """A run with a skewed predictive (its shape in the test table's columns) is judged on the mixture's intervals,
+    not on a Gaussian of the same variance."""
+    from gpcore import metrics as M
+    from gpcore.models.noise_shape import NoiseShape
+    from gpcore.run.compare import coverage_bands
+
+    shape = NoiseShape(latent_scale=0.7, c1=1.3, c2=0.01, pi=0.3, offset=0.9)
+    rng = np.random.default_rng(4)
+    n = 3000
+    var_f, s = rng.uniform(0.01, 0.1, n), rng.uniform(0.05, 0.3, n)
+    mean = rng.normal(size=n)
+    y = mean + np.where(rng.random(n) < 0.3, 0.9 * np.sqrt(s), np.sqrt(1.3 * s) * rng.standard_normal(n)) \
+        + np.sqrt(var_f) * rng.standard_normal(n)
+    var_y = var_f + shape.noise_factor() * s
+    test = pd.DataFrame({"lon": rng.uniform(0, 1, n), "lat": rng.uniform(0, 1, n), "y": y, "mean": mean,
+                         "var_y": var_y, "var_f": var_f, "stratum": np.where(np.arange(n) % 2, "metro", "non-metro")})
+    lo, hi = shape.interval(0.95, var_f, s)
+    inside = (y - mean >= lo) & (y - mean <= hi)
+    shaped = coverage_bands(test.assign(**shape.columns()), {"split": "random"}).set_index("group")
+    assert shaped.loc["all", "coverage"] == pytest.approx(inside.mean())
+    assert shaped.loc["metro", "coverage"] == pytest.approx(inside[np.arange(n) % 2 == 1].mean())
+    gaussian = coverage_bands(test, {"split": "random"}).set_index("group")  # no columns: a Gaussian run
+    assert gaussian.loc["all", "coverage"] == pytest.approx(M.coverage(mean, var_y, y))
+    assert gaussian.loc["all", "coverage"] != shaped.loc["all", "coverage"]
