@@ -64,10 +64,11 @@ def calibration_note(train_info: dict | None) -> str:
     skew = ""
     if shape is not None and shape.pi > 0:
         side = "above" if shape.offset >= 0 else "below"
+        other = "below" if side == "above" else "above"
         own = "almost no noise of their own" if shape.c2 < 0.05 else f"{shape.c2:.2g}× the noise variance"
         skew = (f"; a new measurement's noise is skewed: {100 * shape.pi:.0f} % of measurements lie about "
-                f"{abs(shape.offset):.2g} noise SDs {side} the map with {own}, the rest around it with "
-                f"{shape.c1:.2g}× (docs/calibration.md)")
+                f"{abs(shape.offset):.2g} noise SDs {side} the map with {own}, the rest about "
+                f"{abs(shape.first_offset()):.2g} {other} it with {shape.c1:.2g}× (docs/calibration.md)")
     return (f"the latent variance is scaled by {cv['scale']:.3g}, from {cv.get('k', 10)}-fold cross-validation over "
             f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}{skew}.")
 

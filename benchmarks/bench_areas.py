@@ -10,8 +10,8 @@ Puerto Rico holds only about a dozen scorable blocks. For every held-out (test) 
 tiles the model predicts the *average* of its tiles' latent values from its joint posterior
 (:func:`gpcore.posterior.joint_posterior`, ``linear``: mean ``a^T mu`` and variance ``a^T Sigma a`` with ``a = 1 /
 n_B``), adds the noise variance of an average of ``n_B`` measurements (``sum_i noise_i / n_B^2``, each tile's own
-noise: ``var_y - var_f`` of its prediction; with a run's skewed noise, also its mean ``pi b sqrt(s_i)`` averaged,
-docs/calibration.md) and scores the 95 % interval against the observed block average:
+noise: ``var_y - var_f`` of its prediction; a run's skewed noise has mean 0 and that variance, docs/calibration.md)
+and scores the 95 % interval against the observed block average:
 coverage (± two binomial SEs, ✗ outside) and the interval score (:func:`gpcore.metrics.interval_score`). Each
 model's row ``(independent)`` uses the same means with the marginals' variances only (``sum_i a_i^2 var_f_i``): the
 wrong answer, for contrast.
@@ -82,12 +82,9 @@ def areas_dataset(key: str, cfg: RunConfig, models, sets, args, smoke: bool = Fa
         r = fit_predict(name, settings, X[tr], y[tr], X[va], y[va], X[te], seed=cfg.seed, **wkw)
         model = r["model"]
         pred = model.predict(X[te], weights=w[te] if r["weighted"] else None)
-        noise = np.maximum(pred.var_y - pred.var_f, 0.0)  # each tile's own measurement noise (a shape's: its variance)
+        noise = np.maximum(pred.var_y - pred.var_f, 0.0)  # each tile's own measurement noise (a shape's variance)
         lin = [(g, np.full(g.size, 1.0 / g.size)) for g in groups]
         mean, var_f = joint_posterior(model).linear(X[te], lin)
-        if pred.shape is not None:  # a skewed noise has a mean, pi b sqrt(s): the observed average carries it
-            offset = pred.shape.mean_offset(pred.noise())
-            mean = mean + np.array([offset[g].mean() for g in groups])
         var_noise = np.array([noise[g].sum() / g.size**2 for g in groups])
         var_ind = np.array([pred.var_f[g].sum() / g.size**2 for g in groups])
         out[name] = (mean, var_f + var_noise, var_ind + var_noise, target)

@@ -4,15 +4,17 @@ docs/calibration.md, "A skewed noise from cross-validation").
 With ``m`` a row's posterior mean, ``v`` its latent variance (as the model fitted it) and ``s`` its Gaussian noise
 variance (``tau^2 + sigma^2 / w`` in a weighted fit), a new observation is
 
-    y = m + sqrt(c v) z_f + e,     e ~ (1 - pi) N(0, c_1 s) + pi N(b sqrt(s), c_2 s),
+    y = m + sqrt(c v) z_f + e,     e ~ (1 - pi) N(a sqrt(s), c_1 s) + pi N(b sqrt(s), c_2 s),  a = -pi b / (1 - pi),
 
 so its predictive distribution is the two-Gaussian mixture
 
-    (1 - pi) N(m, c v + c_1 s) + pi N(m + b sqrt(s), c v + c_2 s).
+    (1 - pi) N(m + a sqrt(s), c v + c_1 s) + pi N(m + b sqrt(s), c v + c_2 s).
 
 ``c`` scales the latent variance (as the Gaussian ``cv_calibration`` does), ``c_1`` and ``c_2 >= FLOOR`` scale the
-noise of the two components, ``pi`` is the second's share and ``b`` its offset in noise standard deviations. With
-``pi = 0`` it is a Gaussian. Ookla's errors on the log10 scale are left-skewed (most tests near the tile's
+noise of the two components, ``pi`` is the second's share and ``b`` its offset in noise standard deviations; the
+first sits at ``a`` so that the noise has mean 0: ``m`` stays the mean of a new observation, as the Gaussian fit that
+estimated it assumed, and the shape only redistributes the noise around it (skews it). With ``pi = 0`` it is a
+Gaussian. Ookla's errors on the log10 scale are left-skewed (most tests near the tile's
 typical speed, a few far slower): the maximum-likelihood shape on the held-out rows is a narrow component a little
 above ``m`` and a wide one at ``m``, or a rare slow one far below (docs/benchmarks/race.md, "A skewed predictive
 from the cross-validated rows").
@@ -74,6 +76,12 @@ class NoiseShape:
         except (KeyError, TypeError, ValueError):
             return None
 
+    def canonical(self) -> NoiseShape:
+        """The same distribution with the second component the smaller one (``pi <= 1/2``; the components swapped)."""
+        if self.pi <= 0.5:
+            return self
+        return NoiseShape(self.latent_scale, self.c2, self.c1, 1.0 - self.pi, self.first_offset())
+
     def stretched(self, k: float) -> NoiseShape:
         """The shape of ``k`` times the residual: ``(k^2 c, k^2 c_1, k^2 c_2, pi, k b)``."""
         return NoiseShape(k * k * self.latent_scale, k * k * self.c1, k * k * self.c2, self.pi, k * self.offset)
@@ -84,14 +92,19 @@ class NoiseShape:
 
     # ------------------------------------------------------------------ the mixture
     def noise_factor(self) -> float:
-        """Variance of ``e`` in units of ``s``: ``(1 - pi) c_1 + pi c_2 + pi (1 - pi) b^2``."""
-        return (1 - self.pi) * self.c1 + self.pi * self.c2 + self.pi * (1 - self.pi) * self.offset**2
+        """Variance of ``e`` in units of ``s``: ``(1 - pi) (c_1 + a^2) + pi (c_2 + b^2)`` (its mean is 0)."""
+        a = self.first_offset()
+        return (1 - self.pi) * (self.c1 + a * a) + self.pi * (self.c2 + self.offset**2)
+
+    def first_offset(self) -> float:
+        """``a = -pi b / (1 - pi)``: the first component's offset in noise SDs (the noise's mean is 0)."""
+        return -self.pi * self.offset / (1.0 - self.pi)
 
     def components(self, var_f, s):
         """``(weights (2,), offsets (m, 2), variances (m, 2))`` of the mixture around ``m``; ``var_f`` is the latent
         variance *with* ``c`` applied (what a calibrated model's ``Prediction.var_f`` holds)."""
         var_f, s = np.broadcast_arrays(np.asarray(var_f, dtype=float), np.asarray(s, dtype=float))
-        off = np.stack([np.zeros_like(s), self.offset * np.sqrt(s)], axis=-1)
+        off = np.stack([self.first_offset() * np.sqrt(s), self.offset * np.sqrt(s)], axis=-1)
         var = np.stack([var_f + self.c1 * s, var_f + self.c2 * s], axis=-1)
         return np.array([1.0 - self.pi, self.pi]), off, var
 
@@ -139,9 +152,6 @@ class NoiseShape:
                      for i in range(2) for j in range(2))
         return first - 0.5 * second
 
-    def mean_offset(self, s) -> np.ndarray:
-        """``E[y] - m = pi b sqrt(s)``."""
-        return self.pi * self.offset * np.sqrt(np.asarray(s, dtype=float))
 
 
 def conformal_stretch(shape: NoiseShape, r, v, s, level: float = 0.95) -> float:
@@ -194,20 +204,23 @@ def _negloglik(theta: np.ndarray, r: np.ndarray, v: np.ndarray, s: np.ndarray) -
     sq = np.sqrt(s)
     c, c1, c2 = shape.latent_scale, shape.c1, shape.c2
     v1, v2 = c * v + c1 * s, c * v + c2 * s
+    ratio = shape.pi / (1.0 - shape.pi)
+    d1 = r - shape.first_offset() * sq
     d2 = r - shape.offset * sq
-    l1 = math.log1p(-shape.pi) - 0.5 * np.log(2 * np.pi * v1) - 0.5 * r * r / v1
+    l1 = math.log1p(-shape.pi) - 0.5 * np.log(2 * np.pi * v1) - 0.5 * d1 * d1 / v1
     l2 = math.log(max(shape.pi, 1e-300)) - 0.5 * np.log(2 * np.pi * v2) - 0.5 * d2 * d2 / v2
     ll = np.logaddexp(l1, l2)
     g2 = np.exp(l2 - ll)  # the second component's responsibility
     g1 = 1.0 - g2
-    dv1 = 0.5 * (r * r / v1 - 1.0) / v1  # d l1 / d v1
+    dv1 = 0.5 * (d1 * d1 / v1 - 1.0) / v1  # d l1 / d v1
     dv2 = 0.5 * (d2 * d2 / v2 - 1.0) / v2
+    da = np.mean(g1 * d1 / v1 * sq)  # d / d a, with a = -b pi / (1 - pi)
     grad = np.array([
         np.mean((g1 * dv1 + g2 * dv2) * v) * c,  # d / d log c
         np.mean(g1 * dv1 * s) * (c1 - FLOOR),
         np.mean(g2 * dv2 * s) * (c2 - FLOOR),
-        np.mean(g2 - shape.pi),  # d / d logit pi
-        np.mean(g2 * d2 / v2 * sq),
+        np.mean(g2 - shape.pi) - da * shape.offset * ratio,  # d / d logit pi (d(pi / (1 - pi)) = pi / (1 - pi))
+        np.mean(g2 * d2 / v2 * sq) - da * ratio,
     ])
     return -float(ll.mean()), -grad
 
@@ -218,7 +231,8 @@ def fit(r, v, s, scale_bounds: tuple[float, float] = (0.05, 20.0)) -> tuple[Nois
     (where the held-out rows cannot tell latent variance from noise, the likelihood would give it all to the
     noise); returns it with its mean log density. Several
     starts (a narrow component above ``m``, a rare slow one far below, ...), each by L-BFGS on ``(log c,
-    log(c_1 - FLOOR), log(c_2 - FLOOR), logit pi, b)``; the best is kept."""
+    log(c_1 - FLOOR), log(c_2 - FLOOR), logit pi, b)``; the best is kept, its smaller component second
+    (:meth:`NoiseShape.canonical`)."""
     from scipy.optimize import minimize
 
     r, v, s = (np.asarray(a, dtype=float).reshape(-1) for a in (r, v, s))
@@ -236,4 +250,4 @@ def fit(r, v, s, scale_bounds: tuple[float, float] = (0.05, 20.0)) -> tuple[Nois
             best = res
     if best is None:
         raise ValueError("no noise shape could be fitted to these rows")
-    return _unpack(best.x), -float(best.fun)
+    return _unpack(best.x).canonical(), -float(best.fun)

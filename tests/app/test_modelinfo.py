@@ -68,8 +68,8 @@ def test_a_skewed_noise_is_said_with_the_scale():
     cv = {"folds": "rows", "k": 10, "rows": 1000, "scale": 0.7234, "noise_shape": shape}
     note = training_note({"train_info": {"cv_calibration": cv}})
     assert note.endswith("rows the model conditions on; a new measurement's noise is skewed: 30 % of measurements lie "
-                         "about 0.83 noise SDs above the map with almost no noise of their own, the rest around it "
-                         "with 1.4× (docs/calibration.md).")
+                         "about 0.83 noise SDs above the map with almost no noise of their own, the rest about "
+                         "0.36 below it with 1.4× (docs/calibration.md).")
     slow = training_note({"train_info": {"cv_calibration": {**cv, "noise_shape": {**shape, "offset": -3.5,
                                                                                    "c2": 3.4}}}})
     assert "3.5 noise SDs below the map with 3.4× the noise variance" in slow

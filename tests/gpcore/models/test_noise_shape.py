@@ -22,7 +22,8 @@ SHAPE = ns.NoiseShape(latent_scale=0.7, c1=1.3, c2=0.05, pi=0.3, offset=0.8)
 
 def mixture_pdf(x, shape, var_f, s):
     """The mixture density written out with scipy.stats, independent of the module's code."""
-    return ((1 - shape.pi) * norm.pdf(x, 0.0, np.sqrt(var_f + shape.c1 * s))
+    a = -shape.pi * shape.offset / (1 - shape.pi)  # the first component's offset: the noise has mean 0
+    return ((1 - shape.pi) * norm.pdf(x, a * np.sqrt(s), np.sqrt(var_f + shape.c1 * s))
             + shape.pi * norm.pdf(x, shape.offset * np.sqrt(s), np.sqrt(var_f + shape.c2 * s)))
 
 
@@ -30,8 +31,9 @@ def draw(shape, n, seed=0):
     rng = np.random.default_rng(seed)
     v, s = rng.uniform(0.01, 0.3, n), rng.uniform(0.05, 0.5, n)
     slow = rng.random(n) < shape.pi
+    a = -shape.pi * shape.offset / (1 - shape.pi)
     e = np.where(slow, shape.offset * np.sqrt(s) + np.sqrt(shape.c2 * s) * rng.standard_normal(n),
-                 np.sqrt(shape.c1 * s) * rng.standard_normal(n))
+                 a * np.sqrt(s) + np.sqrt(shape.c1 * s) * rng.standard_normal(n))
     return np.sqrt(shape.latent_scale * v) * rng.standard_normal(n) + e, v, s
 
 
@@ -39,6 +41,10 @@ def draw(shape, n, seed=0):
 def test_density_cdf_quantile_crps_match_integrals(var_f, s):
     lo, hi = -30.0, 30.0
     assert quad(lambda x: mixture_pdf(x, SHAPE, var_f, s), lo, hi, limit=200)[0] == pytest.approx(1.0, abs=1e-9)
+    # the noise has mean 0 (the posterior mean stays the mean of a new observation) and variance noise_factor() s
+    assert quad(lambda x: x * mixture_pdf(x, SHAPE, var_f, s), lo, hi, limit=200)[0] == pytest.approx(0.0, abs=1e-9)
+    assert quad(lambda x: x * x * mixture_pdf(x, SHAPE, var_f, s), lo, hi, limit=200)[0] == pytest.approx(
+        var_f + SHAPE.noise_factor() * s, rel=1e-9)
     for x in (-1.7, -0.2, 0.0, 0.4, 1.1):
         assert float(np.exp(SHAPE.logpdf(x, var_f, s))) == pytest.approx(mixture_pdf(x, SHAPE, var_f, s), rel=1e-12)
         cdf = quad(lambda t: mixture_pdf(t, SHAPE, var_f, s), lo, x, limit=200, points=[0.0])[0]
@@ -80,6 +86,9 @@ def test_fit_recovers_a_known_shape():
     assert fitted.offset == pytest.approx(SHAPE.offset, abs=0.06)
     assert fitted.c1 == pytest.approx(SHAPE.c1, rel=0.08)
     assert fitted.latent_scale == pytest.approx(SHAPE.latent_scale, rel=0.12)
+    swapped = ns.NoiseShape(SHAPE.latent_scale, SHAPE.c2, SHAPE.c1, 1 - SHAPE.pi, SHAPE.first_offset())
+    np.testing.assert_allclose(swapped.logpdf(r[:50], v[:50], s[:50]), SHAPE.logpdf(r[:50], v[:50], s[:50]))
+    assert swapped.canonical().offset == pytest.approx(SHAPE.offset) and swapped.canonical().pi == pytest.approx(0.3)
     with pytest.raises(ValueError, match="at least 10"):
         ns.fit(r[:5], v[:5], s[:5])
 
