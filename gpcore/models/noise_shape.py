@@ -14,10 +14,9 @@ so its predictive distribution is the two-Gaussian mixture
 noise of the two components, ``pi`` is the second's share and ``b`` its offset in noise standard deviations; the
 first sits at ``a`` so that the noise has mean 0: ``m`` stays the mean of a new observation, as the Gaussian fit that
 estimated it assumed, and the shape only redistributes the noise around it (skews it). With ``pi = 0`` it is a
-Gaussian. Ookla's errors on the log10 scale are left-skewed (most tests near the tile's
-typical speed, a few far slower): the maximum-likelihood shape on the held-out rows is a narrow component a little
-above ``m`` and a wide one at ``m``, or a rare slow one far below (docs/benchmarks/race.md, "A skewed predictive
-from the cross-validated rows").
+Gaussian. Ookla's errors on the log10 scale are left-skewed (most tests near the tile's typical speed, a few far
+slower): the maximum-likelihood shape on the held-out rows is a narrow component a little above ``m`` and a wider
+one below it (docs/benchmarks/race.md, "A skewed predictive from the cross-validated rows").
 
 The latent function stays Gaussian: the shape changes only what a *new observation* may be (NLL, CRPS, intervals
 and coverage of ``y``); exceedance, areal averages and samples of the latent field are those of the Gaussian
