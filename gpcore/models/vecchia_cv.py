@@ -14,7 +14,7 @@ noise``; means are unchanged. Hyperparameters, the neighbour sets and the noise 
 With ``noise_shape="two_component"`` the same held-out rows fit, by maximum likelihood, the latent scale ``c`` together
 with a two-component noise (:mod:`gpcore.models.noise_shape`): a skewed predictive for new observations. That shape
 is then stretched by the split-conformal ``k`` that makes its central 95 % intervals cover the held-out rows
-(:func:`~gpcore.models.noise_shape.conformal_stretch`; the likelihood's own intervals cover them 95.7-96.4 % on
+(:func:`~gpcore.models.noise_shape.conformal_stretch`; the likelihood's own intervals cover them 95.7-96.7 % on
 Ookla's blocks), and the latent posterior is scaled by the stretched ``k^2 c`` as above. Recorded under
 ``"noise_shape"`` (and the likelihood's shape and ``k``).
 
