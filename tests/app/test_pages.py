@@ -179,6 +179,9 @@ def test_compare_says_which_runs_were_scaled_by_cross_validation(app, store):
     caption = next(c.value for c in app.caption if "here the same test rows before that" in c.value)
     assert "variances rescaled on the validation split" in caption  # the dbk runs (per stratum)
     assert "vecchia" in caption and "latent variance scaled by cross-validation over the labelled rows" in caption
+    skewed = caption.split("; ")[-2]  # a vecchia run's default: the skewed noise, and before it the Gaussian
+    assert skewed.endswith(": with the skewed noise fitted there (here Gaussian) (the tables above)")
+    assert "vecchia" in skewed and "dbk-rbf" not in skewed
     before = app.dataframe[2].value
     assert before["model"].str.startswith("vecchia").any() and before["group"].str.endswith(" (no recalibration)").all()
 
