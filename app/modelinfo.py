@@ -49,7 +49,7 @@ def training_note(manifest: dict) -> str:
 def calibration_note(train_info: dict | None) -> str:
     """``"the latent variance is scaled by 0.72 ..."``: the cross-validated latent scale of a run's ``train_info``
     (``""`` without one, or when nothing could be held out: :func:`gpcore.models.vecchia_cv.applied`)."""
-    from gpcore.models.vecchia_cv import applied
+    from gpcore.models.vecchia_cv import applied, recorded_shape
 
     cv = applied(train_info)
     if cv is None:
@@ -58,9 +58,7 @@ def calibration_note(train_info: dict | None) -> str:
     before, after = cv.get("coverage_before"), cv.get("coverage_after")
     cover = (f" (as fitted the 95 % intervals covered {100 * before:.1f} % of the held-out rows, scaled "
              f"{100 * after:.1f} %)" if isinstance(before, (int, float)) and isinstance(after, (int, float)) else "")
-    from gpcore.models.noise_shape import NoiseShape
-
-    shape = NoiseShape.from_dict(cv.get("noise_shape"))
+    shape = recorded_shape(train_info)
     skew = ""
     if shape is not None and shape.pi > 0:
         side = "above" if shape.offset >= 0 else "below"

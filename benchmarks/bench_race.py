@@ -324,25 +324,6 @@ def _test_rows_keeper(args, key: str, cfg: RunConfig, y, strata, blocks):
     return keep
 
 
-def _row_logpdf(mean, var_y, y, shape=None, var_f=None) -> np.ndarray:
-    """Each row's log predictive density (Gaussian, or the skewed predictive of ``shape``)."""
-    mean, var_y, y = (np.asarray(a, dtype=float) for a in (mean, var_y, y))
-    if shape is None:
-        return -0.5 * np.log(2 * np.pi * var_y) - 0.5 * (y - mean) ** 2 / var_y
-    s = np.maximum(var_y - var_f, 0.0) / shape.noise_factor()
-    return shape.logpdf(y - mean, var_f, s)
-
-
-def _row_inside(mean, var_y, y, shape=None, var_f=None) -> np.ndarray:
-    """Whether each row lies inside its central 95 % interval."""
-    mean, var_y, y = (np.asarray(a, dtype=float) for a in (mean, var_y, y))
-    if shape is None:
-        return np.abs(y - mean) <= M.Z95 * np.sqrt(var_y)
-    s = np.maximum(var_y - var_f, 0.0) / shape.noise_factor()
-    lo, hi = shape.interval(0.95, var_f, s)
-    return (y - mean >= lo) & (y - mean <= hi)
-
-
 def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
     """Coverage pooled over the test rows of several splits (``--tests-out`` files, one per data set, split seed,
     model and weights): per data set, split kind, model, weights and stratum, the NLL of all the rows (the mean over
@@ -360,8 +341,8 @@ def pool(paths, out: str | None = None, min_rows: int = 200) -> pd.DataFrame:
         f["data"], f["split"], f["seed"], f["model"], f["weights"] = data, split, int(seed[4:]), model, weights
         shape = of_rows(f)  # one fit per file: one shape (None: Gaussian)
         kw = {"shape": shape, "var_f": f["var_f"].to_numpy(float) if shape is not None else None}
-        f["logpdf"] = _row_logpdf(f["mean"], f["var_y"], f["y"], **kw)
-        f["inside"] = _row_inside(f["mean"], f["var_y"], f["y"], **kw)
+        f["logpdf"] = M.log_density(f["mean"], f["var_y"], f["y"], **kw)
+        f["inside"] = M.inside(f["mean"], f["var_y"], f["y"], **kw)
         frames.append(f)
     if not frames:
         raise SystemExit("--pool: no files given")

@@ -36,20 +36,31 @@ def _shaped(mean, var_y, y, shape, var_f):
     if var_f is None:
         raise ValueError("a noise shape needs the latent variance var_f")
     mean, var_y, y, var_f = _arrays(mean, var_y, y, var_f)
-    return y - mean, var_f, np.maximum(var_y - var_f, 0.0) / shape.noise_factor()
+    return y - mean, var_f, shape.noise_of(var_y, var_f)
 
 
-def _interval(mean, var_y, level, shape=None, var_f=None):
-    """Ends of the central ``level`` interval, Gaussian or shaped."""
+def interval(mean, var_y, level: float = 0.95, *, shape=None, var_f=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row ends of the central ``level`` interval: ``mean ± z sd``, or the ``shape``'s mixture quantiles."""
+    z = z_value(level)  # checks the level
     if shape is None:
         mean, var_y = _arrays(mean, var_y)
-        half = z_value(level) * np.sqrt(var_y)
+        half = z * np.sqrt(var_y)
         return mean - half, mean + half
-    z_value(level)  # checks the level
-    _, vf, s = _shaped(mean, var_y, mean, shape, var_f)
-    lo, hi = shape.interval(level, vf, s)
-    mean = _arrays(mean)[0]
+    if var_f is None:
+        raise ValueError("a noise shape needs the latent variance var_f")
+    mean, var_y, var_f = _arrays(mean, var_y, var_f)
+    lo, hi = shape.interval(level, var_f, shape.noise_of(var_y, var_f))
     return mean + lo, mean + hi
+
+
+def log_density(mean, var_y, y, *, shape=None, var_f=None) -> np.ndarray:
+    """Per-row log predictive density of ``y`` (Gaussian, or of the ``shape``'s mixture); :func:`nll` is minus its
+    mean."""
+    if shape is not None:
+        r, vf, s = _shaped(mean, var_y, y, shape, var_f)
+        return shape.logpdf(r, vf, s)
+    mean, var_y, y = _arrays(mean, var_y, y)
+    return -0.5 * np.log(2 * np.pi * var_y) - (y - mean) ** 2 / (2 * var_y)
 
 
 def mae(mean, y) -> float:
@@ -69,11 +80,7 @@ def rmspe(mean, y) -> float:
 
 def nll(mean, var_y, y, *, shape=None, var_f=None) -> float:
     """Mean negative log predictive density (Gaussian, or of the ``shape``'s mixture)."""
-    if shape is not None:
-        r, vf, s = _shaped(mean, var_y, y, shape, var_f)
-        return float(-np.mean(shape.logpdf(r, vf, s)))
-    mean, var_y, y = _arrays(mean, var_y, y)
-    return float(np.mean(0.5 * np.log(2 * np.pi * var_y) + (y - mean) ** 2 / (2 * var_y)))
+    return float(-np.mean(log_density(mean, var_y, y, shape=shape, var_f=var_f)))
 
 
 def crps(mean, var_y, y, *, shape=None, var_f=None) -> float:
@@ -121,14 +128,12 @@ def z_value(level: float) -> float:
 
 def coverage(mean, var_y, y, level: float = 0.95, *, shape=None, var_f=None) -> float:
     """Fraction of ``y`` inside the central ``level`` interval (``mean ± z sd`` for a Gaussian)."""
-    return float(np.mean(_inside(mean, var_y, y, level, shape, var_f)))
+    return float(np.mean(inside(mean, var_y, y, level, shape=shape, var_f=var_f)))
 
 
-def _inside(mean, var_y, y, level, shape=None, var_f=None) -> np.ndarray:
-    if shape is None:
-        mean, var_y, y = _arrays(mean, var_y, y)
-        return np.abs(y - mean) <= z_value(level) * np.sqrt(var_y)
-    lo, hi = _interval(mean, var_y, level, shape, var_f)
+def inside(mean, var_y, y, level: float = 0.95, *, shape=None, var_f=None) -> np.ndarray:
+    """Per row: is ``y`` inside its central ``level`` interval (:func:`interval`)?"""
+    lo, hi = interval(mean, var_y, level, shape=shape, var_f=var_f)
     (y,) = _arrays(y)
     return (y >= lo) & (y <= hi)
 
@@ -138,7 +143,7 @@ def interval_score(mean, var_y, y, level: float = 0.95, *, shape=None, var_f=Non
     eq. 43; Heaton et al. 2019's INT): ``(u - l) + (2 / a) (l - y) 1[y < l] + (2 / a) (y - u) 1[y > u]``,
     ``a = 1 - level``. Lower is better; in the target's units."""
     a = 1.0 - level
-    lo, hi = _interval(mean, var_y, level, shape, var_f)
+    lo, hi = interval(mean, var_y, level, shape=shape, var_f=var_f)
     (y,) = _arrays(y)
     return float(np.mean((hi - lo) + (2 / a) * np.maximum(lo - y, 0.0) + (2 / a) * np.maximum(y - hi, 0.0)))
 
@@ -158,10 +163,8 @@ def heaton_scores(mean, var_y, y, level: float = 0.95) -> dict[str, float]:
 def interval_width(var_y, level: float = 0.95, *, shape=None, var_f=None) -> np.ndarray:
     """Per-point width of the central ``level`` interval, ``2 z sd`` (3.919928 sd at 95 %) for a Gaussian."""
     (var_y,) = _arrays(var_y)
-    if shape is not None:
-        lo, hi = _interval(np.zeros_like(var_y), var_y, level, shape, var_f)
-        return hi - lo
-    return 2 * z_value(level) * np.sqrt(var_y)
+    lo, hi = interval(np.zeros_like(var_y), var_y, level, shape=shape, var_f=var_f)
+    return hi - lo
 
 
 def width_summary(var_y, level: float = 0.95, *, shape=None, var_f=None) -> dict[str, float]:
@@ -180,14 +183,16 @@ def calibration_curve(mean, var_y, y, levels=CALIBRATION_LEVELS, *, shape=None, 
 def evaluate(mean, var_y, y, level: float = 0.95, *, shape=None, var_f=None) -> dict[str, float]:
     """All scalar metrics for one set of predictions (MAE and RMSE of ``mean``, the posterior mean of f)."""
     kw = {"shape": shape, "var_f": var_f}
-    w = interval_width(var_y, level, **kw)
+    lo, hi = interval(mean, var_y, level, **kw)  # once: a mixture's ends take a bisection
+    w = hi - lo
+    yy = _arrays(y)[0]
     return {
-        "n": int(np.asarray(y).size),
+        "n": int(yy.size),
         "mae": mae(mean, y),
         "rmse": rmse(mean, y),
         "nll": nll(mean, var_y, y, **kw),
         "crps": crps(mean, var_y, y, **kw),
-        "coverage": coverage(mean, var_y, y, level, **kw),
+        "coverage": float(np.mean((yy >= lo) & (yy <= hi))),
         "pi_width_mean": float(w.mean()),
         "pi_width_median": float(np.median(w)),
     }
@@ -259,8 +264,8 @@ def coverage_band(mean, var_y, y, groups=None, level: float = 0.95, *, shape=Non
     mean, var_y, y = _arrays(mean, var_y, y)
     if not y.size:
         return {"coverage": math.nan, "two_se": math.nan, "two_se_groups": math.nan}
-    inside = _inside(mean, var_y, y, level, shape, var_f)
-    row = reliability(np.full(y.size, level), inside, bins=1, groups=groups).iloc[0]
+    covered = inside(mean, var_y, y, level, shape=shape, var_f=var_f)
+    row = reliability(np.full(y.size, level), covered, bins=1, groups=groups).iloc[0]
     return {"coverage": float(row["observed"]), "two_se": 2 * float(row["se"]),
             "two_se_groups": 2 * float(row["se_groups"]) if groups is not None else math.nan}
 

@@ -82,8 +82,9 @@ class Prediction:
 
     def noise(self) -> np.ndarray:
         """``s``, each row's Gaussian noise variance (``var_y - var_f`` without a shape)."""
-        extra = np.maximum(self.var_y - self.var_f, 0.0)
-        return extra if self.shape is None else extra / self.shape.noise_factor()
+        if self.shape is not None:
+            return self.shape.noise_of(self.var_y, self.var_f)
+        return np.maximum(self.var_y - self.var_f, 0.0)
 
     def interval(self, level: float = 0.95, latent: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Central ``level`` prediction interval of y (``mean ± z sd`` for a Gaussian; the mixture's

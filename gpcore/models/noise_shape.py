@@ -95,6 +95,12 @@ class NoiseShape:
         a = self.first_offset()
         return (1 - self.pi) * (self.c1 + a * a) + self.pi * (self.c2 + self.offset**2)
 
+    def noise_of(self, var_y, var_f) -> np.ndarray:
+        """Each row's Gaussian noise variance ``s`` from its predictive and latent variances: ``(var_y - var_f) /
+        noise_factor()`` (``var_y`` holds the mixture's variance)."""
+        extra = np.maximum(np.asarray(var_y, dtype=float) - np.asarray(var_f, dtype=float), 0.0)
+        return extra / self.noise_factor()
+
     def first_offset(self) -> float:
         """``a = -pi b / (1 - pi)``: the first component's offset in noise SDs (the noise's mean is 0)."""
         return -self.pi * self.offset / (1.0 - self.pi)
