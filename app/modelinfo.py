@@ -49,7 +49,8 @@ def training_note(manifest: dict) -> str:
 def calibration_note(train_info: dict | None) -> str:
     """``"the latent variance is scaled by 0.72 ..."``: the cross-validated latent scale of a run's ``train_info``
     (``""`` without one, or when nothing could be held out: :func:`gpcore.models.vecchia_cv.applied`)."""
-    from gpcore.models.vecchia_cv import applied, recorded_shape
+    from gpcore.metrics import WEIGHT_BINS
+    from gpcore.models.vecchia_cv import applied, recorded_count_scales, recorded_shape
 
     cv = applied(train_info)
     if cv is None:
@@ -67,8 +68,14 @@ def calibration_note(train_info: dict | None) -> str:
         skew = (f"; a new measurement's noise is skewed: {100 * shape.pi:.0f} % of measurements lie about "
                 f"{abs(shape.offset):.2g} noise SDs {side} the map with {own}, the rest about "
                 f"{abs(shape.first_offset()):.2g} {other} it with {shape.c1:.2g}× (docs/calibration.md)")
+    scales = recorded_count_scales(train_info)
+    counts = ""
+    if scales is not None:
+        bins = " / ".join(b[0] for b in WEIGHT_BINS)
+        counts = (f"; the noise variance is scaled per tests count ({bins}: "
+                  f"{' / '.join(f'{q:.2f}' for q in scales)}×) so that each count's held-out rows are covered 95 %")
     return (f"the latent variance is scaled by {cv['scale']:.3g}, from {cv.get('k', 10)}-fold cross-validation over "
-            f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}{skew}.")
+            f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}{skew}{counts}.")
 
 
 def _feature_note(manifest: dict) -> str:

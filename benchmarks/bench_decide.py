@@ -124,7 +124,7 @@ def bench_model(name: str, settings: dict, X, y, Xg, labels, repeats: int) -> di
     res = {"model": name, "settings": settings, "fit_s": round(time.perf_counter() - t0, 1)}
     # the run directory stores the grid's marginals (mean_t, sd_t); the map from them, and from scratch
     pred = model.predict(Xg)
-    stored = decide.grid_prediction({"mean_t": pred.mean, "sd_t": np.sqrt(pred.var_y)}, model.noise_variance,
+    stored = decide.grid_prediction({"mean_t": pred.mean, "sd_t": np.sqrt(pred.var_y)}, model.observation_noise(),
                                     shape=model.noise_shape())
     t, _ = timed(lambda: decide.exceedance(model, Xg, 35.0, units="original", transform="log10", pred=stored),
                  repeats)

@@ -344,7 +344,7 @@ class GPModel(JointPosteriorAPI):
         """
         self._check_fitted()
         X = as_2d_float(X, "X", d=self.d_)
-        noise = self.likelihood.observation_noise(weights, X.shape[0], self.y_std_**2, type(self).__name__)
+        noise = self.observation_noise(weights, X.shape[0])
         vscale = self.variance_scale(X.shape[0], groups)
         self.module_.eval()
         m = X.shape[0]
@@ -363,6 +363,20 @@ class GPModel(JointPosteriorAPI):
         if not (isinstance(vscale, float) and vscale == 1.0):
             var_y = var_y * vscale
         return Prediction(mean=mean, var_f=var_f, var_y=var_y, shape=shape)
+
+    def observation_noise(self, weights=None, m: int = 1) -> np.ndarray | float:
+        """The Gaussian noise variance ``s`` of ``m`` new observations, in the caller's units (``weights=None``: one
+        measurement each): ``tau^2 + sigma^2 / w`` (the likelihood's), times the Vecchia family's noise scale per
+        tests-count bin where its cross-validation fitted one (:meth:`noise_multiplier`). :meth:`predict` adds it
+        (times the shape's factor) to ``var_f``; a stored grid's decisions read it back with it."""
+        with torch.no_grad():
+            noise = self.likelihood.observation_noise(weights, m, self.y_std_**2, type(self).__name__)
+        return noise * self.noise_multiplier(weights, m)
+
+    def noise_multiplier(self, weights, m: int) -> np.ndarray | float:
+        """A factor of each row's noise variance fitted after training (1: none). The Vecchia family's
+        cross-validation fits one per tests-count bin (:func:`gpcore.models.vecchia_cv.count_scales`)."""
+        return 1.0
 
     def noise_shape(self) -> NoiseShape | None:
         """The two-component noise of a new observation (:mod:`gpcore.models.noise_shape`), or ``None``: Gaussian

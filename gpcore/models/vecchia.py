@@ -430,6 +430,10 @@ class VecchiaGP(GPModel):
             self._joint_cache = (key, build_joint(self, Xs, group_covariance, m_pred))
         return self._joint_cache[1]
 
+    def noise_multiplier(self, weights, m: int):
+        """The noise scale of each row's tests-count bin from the cross-validation (1 without one)."""
+        return vecchia_cv.noise_multiplier(getattr(self, "train_info_", None), weights, m)
+
     def noise_shape(self):
         """The two-component noise ``noise_shape="two_component"`` fitted with the latent scale (None: Gaussian)."""
         return vecchia_cv.recorded_shape(getattr(self, "train_info_", None))

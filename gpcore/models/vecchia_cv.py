@@ -15,7 +15,11 @@ With ``noise_shape="two_component"`` the same held-out rows fit, by maximum like
 with a two-component noise (:mod:`gpcore.models.noise_shape`): a skewed predictive for new observations. That shape
 is then stretched by the split-conformal ``k`` that makes its central 95 % intervals cover the held-out rows
 (:func:`~gpcore.models.noise_shape.conformal_stretch`; the likelihood's own intervals cover them 95.7-96.7 % on
-Ookla's blocks), and the latent posterior is scaled by the stretched ``k^2 c`` as above. Recorded under
+Ookla's blocks), and the latent posterior is scaled by the stretched ``k^2 c`` as above. In a weighted fit each
+tests-count bin of :data:`gpcore.metrics.WEIGHT_BINS` then gets its own scale of the noise variance, the smallest that
+makes the bin's held-out rows covered at 95 % (:func:`count_scales`: Mondrian split conformal; recorded under
+``"count_scales"``): one shape in units of the noise SD over-covers single measurements and under-covers tiles
+of many (docs/benchmarks/weights.md). Recorded under
 ``"noise_shape"`` (and the likelihood's shape and ``k``).
 
 For ``dbk-nn`` with its features on, the held-out rows still shaped the feature weights' posterior (only the
@@ -25,20 +29,25 @@ residual GP's neighbours leave them out): a refit per fold would cost ``FOLDS`` 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
 
+from gpcore.metrics import WEIGHT_BINS
 from gpcore.models import spacetime as st
 from gpcore.models.neighbors import NearestIndex
 
-__all__ = ["FOLDS", "KINDS", "SHAPES", "applied", "calibrate", "conformal_scale", "cv_residuals", "fold_ids",
-           "latent_scale", "recorded_shape"]
+__all__ = ["FOLDS", "KINDS", "MIN_BIN_ROWS", "SHAPES", "applied", "calibrate", "conformal_scale", "count_bins",
+           "count_scales", "cv_residuals", "fold_ids", "latent_scale", "noise_multiplier", "recorded_count_scales",
+           "recorded_shape"]
 
 FOLDS = 10
 KINDS = ("none", "rows", "blocks")
 SHAPES = ("gaussian", "two_component")
 LEVEL = 0.95
+#: fewest held-out rows of a tests-count bin that get their own noise scale (a smaller bin keeps 1)
+MIN_BIN_ROWS = 200
 MIN_SCALE, MAX_SCALE = 0.05, 20.0
 Z = 1.959963984540054  # the standard normal's 0.975 quantile
 
@@ -79,6 +88,71 @@ def recorded_shape(train_info: dict | None):
 
     cv = applied(train_info)
     return None if cv is None else NoiseShape.from_dict(cv.get("noise_shape"))
+
+
+def count_bins(weights) -> np.ndarray:
+    """Each row's tests-count bin, an index into :data:`gpcore.metrics.WEIGHT_BINS` (``w <= 1``, ``1 < w <= 4``,
+    ``4 < w <= 16``, ``w > 16``)."""
+    edges = [hi for _, _, hi in WEIGHT_BINS[:-1]]
+    return np.searchsorted(edges, np.asarray(weights, dtype=float).reshape(-1), side="left")
+
+
+def count_scales(shape, r, v, s, w, level: float = LEVEL) -> tuple[list[float], list[int]]:
+    """The noise scale ``q_b`` of each tests-count bin (Mondrian split conformal, Vovk et al. 2005; docs/calibration.md,
+    "A noise scale per tests count"): row ``i`` of bin ``b`` is inside the shape's central ``level`` interval once its
+    noise variance is ``s_i`` times at least ``q_i`` (found by bisection in ``log q``), and ``q_b`` is the
+    ``ceil((n_b + 1) level)``-th smallest ``q_i`` of the bin's ``n_b`` held-out rows, within ``[MIN_SCALE,
+    MAX_SCALE]``; a bin with fewer than :data:`MIN_BIN_ROWS` rows keeps 1. ``v`` are unscaled latent variances (the
+    shape's ``c`` applies). Returns the scales and the bins' row counts."""
+    r, v, s, w = (np.asarray(a, dtype=float).reshape(-1) for a in (r, v, s, w))
+    bins = count_bins(w)
+    var_f = shape.latent_scale * v
+    tail = (1.0 - level) / 2.0
+
+    def inside(q):  # r is inside the central interval iff its CDF value is within the tails
+        p = shape.cdf(r, var_f, s * q)
+        return (p >= tail) & (p <= 1.0 - tail)
+
+    lo_q, hi_q = np.full(r.size, math.log(MIN_SCALE)), np.full(r.size, math.log(MAX_SCALE))
+    for _ in range(40):  # per row: the smallest q whose interval holds r (the interval widens with q)
+        mid = 0.5 * (lo_q + hi_q)
+        ins = inside(np.exp(mid))
+        lo_q, hi_q = np.where(ins, lo_q, mid), np.where(ins, mid, hi_q)
+    q = np.where(inside(MAX_SCALE), np.exp(hi_q), np.inf)
+    scales, rows = [], []
+    for k in range(len(WEIGHT_BINS)):
+        qb = np.sort(q[bins == k])
+        rows.append(int(qb.size))
+        if qb.size < MIN_BIN_ROWS:
+            scales.append(1.0)
+            continue
+        scales.append(float(np.clip(qb[min(math.ceil((qb.size + 1) * level), qb.size) - 1], MIN_SCALE, MAX_SCALE)))
+    return scales, rows
+
+
+def recorded_count_scales(train_info: dict | None) -> list[float] | None:
+    """The noise scales per tests-count bin that :func:`calibrate` recorded (``"count_scales"``), one per bin of
+    :data:`~gpcore.metrics.WEIGHT_BINS`; ``None`` without them or when the record is malformed (then nothing is
+    scaled). The one reading behind the model's noise and the app's note."""
+    cv = applied(train_info)
+    rec = cv.get("count_scales") if cv is not None else None
+    scales = rec.get("scales") if isinstance(rec, dict) else None
+    if not isinstance(scales, list) or len(scales) != len(WEIGHT_BINS):
+        return None
+    ok = all(isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and q > 0 for q in scales)
+    return [float(q) for q in scales] if ok else None
+
+
+def noise_multiplier(train_info: dict | None, weights, m: int) -> np.ndarray | float:
+    """The factor of each of ``m`` rows' noise variance from :func:`count_scales` (:func:`recorded_count_scales`):
+    its bin's scale (``weights=None``: one measurement); 1 without them."""
+    rec = recorded_count_scales(train_info)
+    if rec is None:
+        return 1.0
+    scales = np.asarray(rec, dtype=float)
+    if weights is None:
+        return float(scales[0])
+    return scales[count_bins(np.broadcast_to(np.asarray(weights, dtype=float), (m,)))]
 
 
 def caller_inputs(model) -> np.ndarray:
@@ -144,7 +218,7 @@ def calibrate(model) -> dict:
     """Fit the latent scale of a fitted model by its ``cv_calibration`` setting; recorded (and returned) in
     ``train_info_["cv_calibration"]``: the folds, the rows, the cross-validated coverage before and after, the
     scale (unclipped as ``raw_scale``). Rows all in one fold (one block) leave nothing to hold out: scale 1, 0 rows."""
-    cfg = model.config
+    cfg, mod = model.config, model.module_
     model.train_info_.pop("cv_calibration", None)  # predict unscaled
     folds = fold_ids(model, cfg.cv_calibration, cfg.cv_block_km, cfg.seed)
     r, v, s = cv_residuals(model, folds)
@@ -163,9 +237,14 @@ def calibrate(model) -> dict:
         ml, loglik = noise_shape.fit(r[ok], v[ok], s[ok], (MIN_SCALE, MAX_SCALE))
         k = noise_shape.conformal_stretch(ml, r[ok], v[ok], s[ok], LEVEL)
         shape = ml.stretched(k)
-        shape = noise_shape.NoiseShape(float(np.clip(shape.latent_scale, MIN_SCALE, MAX_SCALE)), shape.c1, shape.c2,
-                                       shape.pi, shape.offset)
-        lo, hi = shape.interval(LEVEL, shape.latent_scale * v[ok], s[ok])
+        shape = replace(shape, latent_scale=float(np.clip(shape.latent_scale, MIN_SCALE, MAX_SCALE)))
+        s_used = s[ok]
+        if model.weighted:  # a noise scale per tests-count bin (Mondrian split conformal), on the shape's noise
+            w = mod.w_train.double().cpu().numpy()[ok]
+            scales, rows = count_scales(shape, r[ok], v[ok], s[ok], w)
+            info["count_scales"] = {"bins": [b[0] for b in WEIGHT_BINS], "scales": scales, "rows": rows}
+            s_used = s_used * np.asarray(scales)[count_bins(w)]
+        lo, hi = shape.interval(LEVEL, shape.latent_scale * v[ok], s_used)
         info.update(scale=shape.latent_scale, noise_shape=shape.to_dict(), likelihood_shape=ml.to_dict(),
                     stretch=k, cv_loglik=loglik, coverage_after=float(np.mean((r[ok] >= lo) & (r[ok] <= hi))))
     if cfg.cv_calibration == "blocks":

@@ -202,7 +202,8 @@ def stored_prediction(model, grid):
     """The marginals stored with the grid (:func:`gpcore.decide.grid_prediction`), None when it has none."""
     if not {"mean_t", "sd_t"} <= set(grid.columns):
         return None
-    return decide.grid_prediction(grid, model.noise_variance, model.variance_scale(len(grid)), model.noise_shape())
+    return decide.grid_prediction(grid, model.observation_noise(), model.variance_scale(len(grid)),
+                                  model.noise_shape())
 
 
 def exceedance(model, grid, threshold: float, *, units: str = "model", transform="identity",

@@ -348,10 +348,11 @@ def cv_settings(cfg: RunConfig, cls, recalibrate: str = "none") -> dict:
     return {"cv_calibration": "blocks", "cv_block_km": float(cfg.block_km), **shape}
 
 
-def uncalibrated_var_y(model, pred, groups=None) -> np.ndarray | None:
+def uncalibrated_var_y(model, pred, groups=None, weights=None) -> np.ndarray | None:
     """``var_y`` of ``pred`` before the model's calibration: the validation recalibration's scale divided out, or the
     cross-validated latent scale ``c`` of ``vecchia`` / ``dbk-nn`` (``var_y - var_f (1 - 1/c)``, docs/calibration.md),
-    and with a noise shape the Gaussian noise in place of the mixture's (``var_f / c + s``); None for a model without
+    and with a noise shape the Gaussian noise in place of the mixture's, without the noise scales per tests count
+    (``var_f / c + s``; ``weights``: the rows' counts, as ``pred`` was predicted with); None for a model without
     either. The metrics of it are Gaussian."""
     if model.recal_:
         return pred.var_y / model.variance_scale(len(pred.var_y), groups)
@@ -361,7 +362,7 @@ def uncalibrated_var_y(model, pred, groups=None) -> np.ndarray | None:
     if cv is None:
         return None
     if pred.shape is not None:
-        return pred.var_f / cv["scale"] + pred.noise()
+        return pred.var_f / cv["scale"] + pred.noise() / model.noise_multiplier(weights, len(pred.var_f))
     return pred.var_y - pred.var_f * (1.0 - 1.0 / cv["scale"])
 
 
@@ -407,7 +408,7 @@ def execute_run(cfg: RunConfig, out_dir, callback=None, prepared: PreparedData |
     check_finite_model(model, pred)
     y_te = prep.y[prep.test_idx]
     table = run_metrics(pred.mean, pred.var_y, y_te, st_te, w_te, cfg.weight, shape=pred.shape, var_f=pred.var_f)
-    raw_var = uncalibrated_var_y(model, pred, st_te)
+    raw_var = uncalibrated_var_y(model, pred, st_te, w_te)
     if raw_var is not None:  # the same metrics before recalibration, labelled '<group> (no recalibration)'
         raw = run_metrics(pred.mean, raw_var, y_te, st_te, w_te, cfg.weight)
         raw["group"] = raw["group"] + NO_RECAL

@@ -75,3 +75,16 @@ def test_a_skewed_noise_is_said_with_the_scale():
     assert "3.5 noise SDs below the map with 3.4× the noise variance" in slow
     broken = training_note({"train_info": {"cv_calibration": {**cv, "noise_shape": {**shape, "pi": "x"}}}})
     assert "skewed" not in broken and "scaled by 0.723" in broken
+
+
+def test_noise_scales_per_tests_count_are_said_last():
+    shape = {"latent_scale": 0.7234, "c1": 1.35, "c2": 0.001, "pi": 0.3, "offset": 0.83}
+    cv = {"folds": "rows", "k": 10, "rows": 1000, "scale": 0.7234, "noise_shape": shape,
+          "count_scales": {"bins": ["1", "2-4", "5-16", ">16"], "scales": [0.874, 1.106, 1.024, 1.057],
+                           "rows": [400, 300, 200, 100]}}
+    note = training_note({"train_info": {"cv_calibration": cv}})
+    assert note.endswith("; the noise variance is scaled per tests count (1 / 2-4 / 5-16 / >16: 0.87 / 1.11 / 1.02 / "
+                         "1.06×) so that each count's held-out rows are covered 95 %.")
+    for bad in ([1.0, 2.0], [1.0, "x", 1.0, 1.0], [1.0, 0.0, 1.0, 1.0], None, [1.0, float("inf"), 1.0, 1.0]):
+        broken = training_note({"train_info": {"cv_calibration": {**cv, "count_scales": {"scales": bad}}}})
+        assert "per tests count" not in broken and "skewed" in broken

@@ -215,3 +215,56 @@ def test_exceedance_of_a_new_measurement_uses_the_shape():
     back = decide.grid_prediction(grid, 0.3, shape=SHAPE)
     np.testing.assert_allclose(back.var_f, var_f)
     assert back.shape == SHAPE
+
+
+def test_a_weighted_fit_scales_the_noise_per_tests_count_bin(tmp_path):
+    import torch
+
+    from gpcore import load_model, make_model
+    from gpcore.models import vecchia_cv
+    from gpcore.run.decisions import stored_prediction
+    from gpcore.run.pipeline import uncalibrated_var_y
+
+    rng = np.random.default_rng(3)
+    n = 1600
+    X = rng.uniform(-1, 1, (n, 2))
+    w = rng.choice([1.0, 3.0, 8.0, 30.0], n)
+    # skewed errors whose spread is not tau^2 + sigma^2 / w in the count: wide at 3 and 30 tests, narrow at 1 and 8
+    e = np.where(rng.random(n) < 0.15, -0.6 + 0.15 * rng.standard_normal(n), 0.1 + 0.12 * rng.standard_normal(n))
+    y = np.sin(3 * X[:, 0]) + np.cos(2 * X[:, 1]) + e * np.where((w == 3) | (w == 30), 1.0, 0.5)
+    m = make_model("vecchia", cv_calibration="rows", noise_shape="two_component", epochs=25, seed=0)
+    m.fit(X[:1100], y[:1100], X[1100:1300], y[1100:1300], weights=w[:1100], val_weights=w[1100:1300])
+    info = m.train_info_["cv_calibration"]
+    rec = info["count_scales"]
+    assert rec["bins"] == ["1", "2-4", "5-16", ">16"] and sum(rec["rows"]) == info["rows"] == 1300
+    assert rec["scales"][0] < rec["scales"][1] and rec["scales"][2] < rec["scales"][3]
+    Xt, wt = X[1300:], w[1300:]
+    pred = m.predict(Xt, weights=wt)
+    with torch.no_grad():
+        base = m.likelihood.observation_noise(wt, wt.size, m.y_std_**2, "vecchia")
+    noise = base * np.asarray(rec["scales"])[vecchia_cv.count_bins(wt)]
+    np.testing.assert_allclose(m.observation_noise(wt, wt.size), noise, rtol=1e-12)
+    np.testing.assert_allclose(pred.noise(), noise, rtol=1e-9)  # what the shape's intervals and scores read
+    # a run's "(no recalibration)" rows: the Gaussian before any of it, no latent scale and no count scales
+    np.testing.assert_allclose(uncalibrated_var_y(m, pred, None, wt), pred.var_f / info["scale"] + base, rtol=1e-9)
+    assert m.observation_noise() == pytest.approx(m.noise_variance * rec["scales"][0], rel=1e-6)  # one measurement
+    # a stored grid (weights None) reads its latent variance back with the same noise
+    grid_pred = m.predict(Xt[:20])
+    grid = pd.DataFrame({"mean_t": grid_pred.mean, "sd_t": grid_pred.sd})
+    np.testing.assert_allclose(stored_prediction(m, grid).var_f, grid_pred.var_f, rtol=1e-8, atol=1e-12)
+    # held-out bins of the test rows: the per-bin scale covers each better than one scale for every count
+    one = make_model("vecchia", cv_calibration="rows", noise_shape="two_component", epochs=25, seed=0)
+    one.fit(X[:1100], y[:1100], X[1100:1300], y[1100:1300], weights=w[:1100], val_weights=w[1100:1300])
+    one.train_info_["cv_calibration"].pop("count_scales")
+    p1 = one.predict(Xt, weights=wt)
+    yt = y[1300:]
+    lo, hi = pred.interval(0.95)
+    lo1, hi1 = p1.interval(0.95)
+    gap = [abs(np.mean((yt[b] >= lo[b]) & (yt[b] <= hi[b])) - 0.95) for b in (wt == 1, wt == 30)]
+    gap1 = [abs(np.mean((yt[b] >= lo1[b]) & (yt[b] <= hi1[b])) - 0.95) for b in (wt == 1, wt == 30)]
+    assert max(gap) < max(gap1)
+    m.save(tmp_path / "m")
+    np.testing.assert_allclose(load_model(tmp_path / "m").predict(Xt, weights=wt).var_y, pred.var_y, rtol=1e-12)
+    unweighted = make_model("vecchia", cv_calibration="rows", noise_shape="two_component", epochs=5, seed=0)
+    unweighted.fit(X[:300], y[:300])
+    assert "count_scales" not in unweighted.train_info_["cv_calibration"] and unweighted.noise_multiplier(None, 1) == 1

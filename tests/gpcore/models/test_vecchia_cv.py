@@ -224,3 +224,47 @@ def test_the_grid_search_gives_the_same_held_out_predictions(data, monkeypatch):
     grid = cv.cv_residuals(model, folds)
     for a, b in zip(kd, grid, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_count_bins_are_the_metrics_bins():
+    from gpcore.metrics import WEIGHT_BINS, weight_bins
+
+    w = np.array([0.5, 1.0, 1.5, 2.0, 4.0, 4.01, 16.0, 17.0, 300.0])
+    labels = np.array([f"tests {WEIGHT_BINS[k][0]}" for k in cv.count_bins(w)])
+    np.testing.assert_array_equal(labels, weight_bins(w, "tests"))
+
+
+def test_count_scales_are_the_mondrian_conformal_quantiles():
+    from gpcore.models.noise_shape import NoiseShape
+
+    shape = NoiseShape(latent_scale=0.8, c1=0.3, c2=1.8, pi=0.25, offset=-0.9)
+    rng = np.random.default_rng(7)
+    w = np.repeat([1.0, 3.0, 8.0, 30.0], [1500, 1200, 900, 150])
+    n = w.size
+    v, s = rng.uniform(0.005, 0.05, n), 0.4 / w
+    q_true = np.array([0.8, 1.0, 1.3, 1.6])[cv.count_bins(w)]  # each bin's noise wider or narrower than s says
+    slow = rng.random(n) < shape.pi
+    sq = np.sqrt(s * q_true)
+    e = np.where(slow, shape.offset * sq + np.sqrt(shape.c2) * sq * rng.standard_normal(n),
+                 shape.first_offset() * sq + np.sqrt(shape.c1) * sq * rng.standard_normal(n))
+    r = np.sqrt(shape.latent_scale * v) * rng.standard_normal(n) + e
+    scales, rows = cv.count_scales(shape, r, v, s, w)
+    assert rows == [1500, 1200, 900, 150]
+    assert scales[3] == 1.0  # fewer than MIN_BIN_ROWS held-out rows: no scale of its own
+    np.testing.assert_allclose(scales[:3], [0.8, 1.0, 1.3], rtol=0.12)
+    for k in range(3):  # the ceil((n + 1) 0.95)-th row of the bin sits on the edge of its interval
+        sel = cv.count_bins(w) == k
+        need = math.ceil((sel.sum() + 1) * 0.95)
+
+        def inside(q, sel=sel):
+            lo, hi = shape.interval(0.95, shape.latent_scale * v[sel], s[sel] * q)
+            return int(np.sum((r[sel] >= lo) & (r[sel] <= hi)))
+
+        assert inside(scales[k]) >= need > inside(scales[k] * (1 - 1e-6))
+    assert cv.noise_multiplier({"cv_calibration": {"rows": 10, "scale": 1.0}}, w, n) == 1.0
+    rec = {"cv_calibration": {"rows": 10, "scale": 1.0, "count_scales": {"scales": scales}}}
+    np.testing.assert_array_equal(cv.noise_multiplier(rec, w, n), np.asarray(scales)[cv.count_bins(w)])
+    assert cv.noise_multiplier(rec, None, 3) == scales[0]  # no weights: one measurement
+    for bad in (scales[:3], [*scales[:3], "1"], [*scales[:3], -1.0], [*scales[:3], float("nan")], {"1": 1.0}):
+        broken = {"cv_calibration": {"rows": 10, "scale": 1.0, "count_scales": {"scales": bad}}}
+        assert cv.recorded_count_scales(broken) is None and cv.noise_multiplier(broken, w, n) == 1.0

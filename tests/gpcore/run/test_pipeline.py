@@ -133,6 +133,7 @@ def test_a_vecchia_run_reports_its_metrics_before_the_cross_validated_scale(csv_
     table), and before it with the Gaussian ``var_f / c + s``: the intervals before the latent scale and the shape."""
     from gpcore import metrics as M
     from gpcore.models.noise_shape import NoiseShape, of_rows
+    from gpcore.models.vecchia_cv import count_bins
 
     cfg = dataclasses.replace(_cfg(csv_file, weight="tests", split=split, block_km=2.0), model="vecchia",
                               settings={"epochs": 3})
@@ -146,7 +147,9 @@ def test_a_vecchia_run_reports_its_metrics_before_the_cross_validated_scale(csv_
     assert shape == NoiseShape.from_dict(cv["noise_shape"]) and shape.latent_scale == cv["scale"]
     assert manifest["model_config"]["noise_shape"] == "two_component"
     noise = (test["var_y"] - test["var_f"]) / shape.noise_factor()
-    raw = test["var_f"] / cv["scale"] + noise
+    # a weighted run: the noise scaled per tests-count bin (vecchia_cv.count_scales); before calibration without it
+    scales = np.asarray(cv["count_scales"]["scales"])[count_bins(test["weight"])]
+    raw = test["var_f"] / cv["scale"] + noise / scales
     groups = {m["group"]: m for m in manifest["metrics"]}
     np.testing.assert_allclose(groups["all" + NO_RECAL]["nll"], M.nll(test["mean"], raw, test["y"]), rtol=1e-9)
     np.testing.assert_allclose(groups["all"]["nll"], -np.mean(shape.logpdf(test["y"] - test["mean"], test["var_f"],
