@@ -67,15 +67,16 @@ def calibration_note(train_info: dict | None) -> str:
         own = "almost no noise of their own" if shape.c2 < 0.05 else f"{shape.c2:.2g}× the noise variance"
         skew = (f"; a new measurement's noise is skewed: {100 * shape.pi:.0f} % of measurements lie about "
                 f"{abs(shape.offset):.2g} noise SDs {side} the map with {own}, the rest about "
-                f"{abs(shape.first_offset()):.2g} {other} it with {shape.c1:.2g}× (docs/calibration.md)")
+                f"{abs(shape.first_offset()):.2g} {other} it with {shape.c1:.2g}×")
     scales = recorded_count_scales(train_info)
     counts = ""
     if scales is not None:
         bins = " / ".join(b[0] for b in WEIGHT_BINS)
         counts = (f"; the noise variance is scaled per tests count ({bins}: "
                   f"{' / '.join(f'{q:.2f}' for q in scales)}×) so that each count's held-out rows are covered 95 %")
+    ref = " (docs/calibration.md)" if skew or counts else ""
     return (f"the latent variance is scaled by {cv['scale']:.3g}, from {cv.get('k', 10)}-fold cross-validation over "
-            f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}{skew}{counts}.")
+            f"{folds}the {cv.get('rows', 0):,} rows the model conditions on{cover}{skew}{counts}{ref}.")
 
 
 def _feature_note(manifest: dict) -> str:

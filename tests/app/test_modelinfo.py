@@ -83,8 +83,9 @@ def test_noise_scales_per_tests_count_are_said_last():
           "count_scales": {"bins": ["1", "2-4", "5-16", ">16"], "scales": [0.874, 1.106, 1.024, 1.057],
                            "rows": [400, 300, 200, 100]}}
     note = training_note({"train_info": {"cv_calibration": cv}})
-    assert note.endswith("; the noise variance is scaled per tests count (1 / 2-4 / 5-16 / >16: 0.87 / 1.11 / 1.02 / "
-                         "1.06×) so that each count's held-out rows are covered 95 %.")
+    assert note.endswith("0.36 below it with 1.4×; the noise variance is scaled per tests count (1 / 2-4 / 5-16 / "
+                         ">16: 0.87 / 1.11 / 1.02 / 1.06×) so that each count's held-out rows are covered 95 % "
+                         "(docs/calibration.md).")
     for bad in ([1.0, 2.0], [1.0, "x", 1.0, 1.0], [1.0, 0.0, 1.0, 1.0], None, [1.0, float("inf"), 1.0, 1.0]):
         broken = training_note({"train_info": {"cv_calibration": {**cv, "count_scales": {"scales": bad}}}})
         assert "per tests count" not in broken and "skewed" in broken

@@ -3,8 +3,8 @@ run — its maps take clicks, the PI-width map shows, and Decide answers from it
 Vecchia prediction plus the DBK part): county intervals, plausible maps and suggested sites.
 
 Trained on spatial blocks, whose validation blocks make its feature check a test of the gaps; the Train page
-and the Maps header say what the check decided, the latent scale the block folds cross-validated and the skewed
-noise fitted on them.
+and the Maps header say what the check decided, the latent scale the block folds cross-validated, the skewed
+noise fitted on them and the noise scale per tests count.
 
 Screenshots: ``test-artifacts/train-dbk-nn.png``, ``test-artifacts/maps-dbk-nn.png``,
 ``test-artifacts/decide-dbk-nn.png``.
@@ -48,6 +48,9 @@ def test_dbk_nn_trains_from_the_page_and_its_run_is_usable(server, page):
     assert page.get_by_text("from 10-fold cross-validation over 10 km blocks", exact=False).count() == 1
     # ... with the skewed noise fitted on the same folds (docs/calibration.md), which its metrics score
     assert page.get_by_text("a new measurement's noise is skewed", exact=False).count() == 1
+    # ... and, the Data page weighting by `tests`, the noise scaled per tests count (docs/calibration.md)
+    assert page.get_by_text("the noise variance is scaled per tests count (1 / 2-4 / 5-16 / >16:",
+                            exact=False).count() == 1
     # the coverage with its band by held-out block (a block split)
     coverage = page.get_by_test_id("stMetric").filter(has_text="95% coverage").first.inner_text()
     assert re.search(r"\d+\.\d% ± \d+\.\d", coverage), coverage
@@ -60,6 +63,7 @@ def test_dbk_nn_trains_from_the_page_and_its_run_is_usable(server, page):
     assert ("Training: the DBK features were dropped" in body) == dropped, "the header says what the check decided"
     assert "atent variance is scaled by" in body, "the header says the cross-validated scale"
     assert "a new measurement's noise is skewed" in body, "and the skewed noise of a new measurement"
+    assert "scaled per tests count" in body, "and the noise scale per tests count"
     seen = {click_grid(page, fx, fy) for fx, fy in ((0.5, 0.5), (0.4, 0.45))}
     assert len(seen) == 2, seen
     segment(page, "Map", "95% PI width")
