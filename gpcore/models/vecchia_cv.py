@@ -15,12 +15,12 @@ With ``noise_shape="two_component"`` the same held-out rows fit, by maximum like
 with a two-component noise (:mod:`gpcore.models.noise_shape`): a skewed predictive for new observations. That shape
 is then stretched by the split-conformal ``k`` that makes its central 95 % intervals cover the held-out rows
 (:func:`~gpcore.models.noise_shape.conformal_stretch`; the likelihood's own intervals cover them 95.7-96.7 % on
-Ookla's blocks), and the latent posterior is scaled by the stretched ``k^2 c`` as above. In a weighted fit each
-tests-count bin of :data:`gpcore.metrics.WEIGHT_BINS` then gets its own scale of the noise variance, the smallest that
-makes the bin's held-out rows covered at 95 % (:func:`count_scales`: Mondrian split conformal; recorded under
-``"count_scales"``): one shape in units of the noise SD over-covers single measurements and under-covers tiles
-of many (docs/benchmarks/weights.md). Recorded under
-``"noise_shape"`` (and the likelihood's shape and ``k``).
+Ookla's blocks), and the latent posterior is scaled by the stretched ``k^2 c`` as above. Recorded under
+``"noise_shape"`` (and the likelihood's shape and ``k``). In a weighted fit each tests-count bin of
+:data:`gpcore.metrics.WEIGHT_BINS` then gets its own scale of the noise variance, the smallest that makes the bin's
+held-out rows covered at 95 % (:func:`count_scales`: Mondrian split conformal; docs/calibration.md, "A noise scale per
+tests count"; recorded under ``"count_scales"``): one shape in units of the noise SD over-covered single measurements
+and under-covered tiles of many (docs/benchmarks/weights.md).
 
 For ``dbk-nn`` with its features on, the held-out rows still shaped the feature weights' posterior (only the
 residual GP's neighbours leave them out): a refit per fold would cost ``FOLDS`` fits.
