@@ -317,13 +317,16 @@ def render(data: cache.LoadedData, runs: list) -> None:
                      hide_index=True, width="stretch", column_config=COLUMN_WIDTHS)
     if not before.empty:
         recal = sorted({names[i.run_id] for i in infos if i.manifest.get("recalibration")})
-        from gpcore.models.vecchia_cv import applied, recorded_shape  # the one check of a cross-validated scale
+        from gpcore.models.vecchia_cv import applied, recorded_count_scales, recorded_shape  # one reader each
 
         cv = sorted({names[i.run_id] for i in infos if applied(i.manifest.get("train_info")) is not None})
         skewed = sorted({names[i.run_id] for i in infos if recorded_shape(i.manifest.get("train_info")) is not None})
+        counts = sorted({names[i.run_id] for i in infos
+                         if recorded_count_scales(i.manifest.get("train_info")) is not None})
         how = [f"{', '.join(recal)}: variances rescaled on the validation split"] if recal else []
         how += [f"{', '.join(cv)}: latent variance scaled by cross-validation over the labelled rows"] if cv else []
         how += [f"{', '.join(skewed)}: with the skewed noise fitted there (here Gaussian)"] if skewed else []
+        how += [f"{', '.join(counts)}: and its noise scaled per tests count (here not)"] if counts else []
         st.subheader("Without recalibration")
         st.caption(f"{'; '.join(how)} (the tables above); here the same test rows before that.")
         st.dataframe(charts.format_metrics(before[["group", *group_col, "model", "split",

@@ -179,9 +179,12 @@ def test_compare_says_which_runs_were_scaled_by_cross_validation(app, store):
     caption = next(c.value for c in app.caption if "here the same test rows before that" in c.value)
     assert "variances rescaled on the validation split" in caption  # the dbk runs (per stratum)
     assert "vecchia" in caption and "latent variance scaled by cross-validation over the labelled rows" in caption
-    skewed = caption.split("; ")[-2]  # a vecchia run's default: the skewed noise, and before it the Gaussian
-    assert skewed.endswith(": with the skewed noise fitted there (here Gaussian) (the tables above)")
+    skewed, counts = caption.split("; ")[-3:-1]  # a vecchia run's default: the skewed noise, and before it the Gaussian
+    assert skewed.endswith(": with the skewed noise fitted there (here Gaussian)")
     assert "vecchia" in skewed and "dbk-rbf" not in skewed
+    # ... and, weighted by tests as the Data page sets it, its noise scale per tests count, left out before
+    assert counts.endswith(": and its noise scaled per tests count (here not) (the tables above)")
+    assert "vecchia" in counts and "dbk-rbf" not in counts
     before = app.dataframe[2].value
     assert before["model"].str.startswith("vecchia").any() and before["group"].str.endswith(" (no recalibration)").all()
 
