@@ -25,7 +25,6 @@ import sys
 
 import numpy as np
 import pandas as pd
-import torch
 from bench_weights import _fit
 
 from gpcore import metrics as M
@@ -64,7 +63,7 @@ def _scores(u: np.ndarray, nll: float, bins: np.ndarray) -> dict:
     """Coverage at :data:`LEVELS` from the (recalibrated) PIT values ``u``, and per tests-count bin at 95 %."""
     inside = {lv: np.abs(u - 0.5) <= lv / 2 for lv in LEVELS}
     out = {"nll": nll, **{f"cov{int(100 * lv)}": float(inside[lv].mean()) for lv in LEVELS}}
-    for k, (label, _, _) in enumerate(vc.WEIGHT_BINS):
+    for k, (label, _, _) in enumerate(M.WEIGHT_BINS):
         sel = bins == k
         out[f"cov95 {label}"] = float(inside[0.95][sel].mean()) if sel.any() else float("nan")
     return out
@@ -92,8 +91,7 @@ def run_pit(cfg: RunConfig, models, settings, log=print) -> pd.DataFrame:
             folds = vc.fold_ids(model, model.config.cv_calibration, model.config.cv_block_km, model.config.seed)
             r, v, s = vc.cv_residuals(model, folds)
             plain = model.predict(prep.X[te], weights=w_te)
-            with torch.no_grad():
-                s_te = np.broadcast_to(model.observation_noise(w_te, len(te)), (len(te),))
+            s_te = np.broadcast_to(model.observation_noise(w_te, len(te)), (len(te),))
             w_cv = model.module_.w_train.double().cpu().numpy()
         finally:
             model.train_info_["cv_calibration"] = rec
@@ -112,7 +110,7 @@ def run_pit(cfg: RunConfig, models, settings, log=print) -> pd.DataFrame:
                      **_scores(R(u_te), -float(np.mean(logf_te + R.log_slope(u_te))), bins_te)})
         bins_cv = vc.count_bins(w_cv)
         u_bin, logf_bin = np.empty_like(u_te), logf_te.copy()
-        for k in range(len(vc.WEIGHT_BINS)):
+        for k in range(len(M.WEIGHT_BINS)):
             Rk = PitMap(u_cv[bins_cv == k]) if np.sum(bins_cv == k) >= vc.MIN_BIN_ROWS else R
             sel = bins_te == k
             u_bin[sel], logf_bin[sel] = Rk(u_te[sel]), logf_te[sel] + Rk.log_slope(u_te[sel])

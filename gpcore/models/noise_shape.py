@@ -158,7 +158,6 @@ class NoiseShape:
         return first - 0.5 * second
 
 
-
 def conformal_stretch(shape: NoiseShape, r, v, s, level: float = 0.95) -> float:
     """The split-conformal ``k``: the smallest stretch of ``shape`` (:meth:`NoiseShape.stretched`) whose central
     ``level`` intervals hold the ``ceil((n + 1) level)``-th smallest share of held-out residuals ``r`` (unscaled
